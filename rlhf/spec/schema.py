@@ -1,0 +1,308 @@
+"""Typed schemas of every config group.
+
+These dataclasses are registered in Hydra's ConfigStore (see ``register``), so composition already
+rejects unknown keys and wrong types with the key path; ``rlhf.spec.build`` then merges a composed
+config onto them again (so a saved run config rebuilds the same spec without Hydra), validates,
+derives the batch plan and freezes the result.
+
+A field exists only where code reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+class Frozen:
+    """Mixin: instances refuse attribute writes once ``freeze`` has run (workers must not mutate)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(
+                f"the run spec is frozen: cannot set {type(self).__name__}.{name}; "
+                "change the config instead"
+            )
+        object.__setattr__(self, name, value)
+
+
+# --------------------------------------------------------------------------- algo
+
+
+@dataclass
+class KLSpec(Frozen):
+    coef: float = 0.0
+    estimator: str = "k3"  # k1 | k2 | k3
+    placement: str = "loss"  # loss | reward
+    adaptive: bool = False  # adaptive controller (Ziegler et al. 2019), only in reward
+    target: float = 6.0
+    horizon: int = 10000
+    clamp: float = 10.0
+
+
+@dataclass
+class CriticSpec(Frozen):
+    lr: float = 1e-5
+    value_clip: float = 0.2
+    warmup_steps: int = 0
+
+
+@dataclass
+class RLAlgo(Frozen):
+    """PPO, GRPO, Dr.GRPO, RLOO, REINFORCE++ and REINFORCE++-baseline."""
+
+    name: str = MISSING
+    kind: str = "rl"
+    estimator: str = MISSING  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    group_size: int = 1  # samples per prompt
+    normalize_std: bool = True  # GRPO: divide by the group's std
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: Optional[float] = None
+    ratio_level: str = "token"  # token | sequence (GSPO)
+    loss_agg: str = "token_mean"
+    tis_cap: Optional[float] = None  # truncated importance sampling of rollout vs trainer logprobs
+    entropy_coef: float = 0.0
+    kl: KLSpec = field(default_factory=KLSpec)
+    critic: Optional[CriticSpec] = None
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    epochs: int = 1  # passes over each rollout batch
+    mini_batch_size: Optional[int] = None  # samples per optimizer step (global); None = whole batch
+    overlong_buffer: Optional[int] = None  # DAPO soft overlong penalty window, in tokens
+    overlong_penalty: float = 1.0
+    reward_clip: Optional[float] = None
+    reward_normalize: bool = False
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+
+
+@dataclass
+class DPOAlgo(Frozen):
+    name: str = "dpo"
+    kind: str = "dpo"
+    beta: float = 0.1
+    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
+    label_smoothing: float = 0.0  # cDPO
+    reference_free: bool = False
+    lr: float = 5e-7
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    eval_fraction: float = 0.1
+
+
+@dataclass
+class RMAlgo(Frozen):
+    name: str = "rm"
+    kind: str = "rm"
+    margin: Optional[float] = None
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    eval_fraction: float = 0.1
+
+
+@dataclass
+class SFTAlgo(Frozen):
+    name: str = "sft"
+    kind: str = "sft"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    eval_fraction: float = 0.1
+    packing: bool = False
+
+
+ALGO_SCHEMAS = {"rl": RLAlgo, "dpo": DPOAlgo, "rm": RMAlgo, "sft": SFTAlgo}
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class ModelSpec(Frozen):
+    """A model: where to load it and the architecture numbers that memory planning needs."""
+
+    name: str = MISSING
+    path: str = MISSING  # local HF checkpoint dir, hub id, or builtin:<name>
+    n_layers: int = MISSING
+    hidden: int = MISSING
+    intermediate: int = MISSING
+    n_heads: int = MISSING
+    n_kv_heads: int = MISSING
+    vocab: int = MISSING
+    tie_embeddings: bool = False
+    dtype: str = "bfloat16"  # bfloat16 | float16 | float32
+    gradient_checkpointing: bool = False
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@dataclass
+class HardwareSpec(Frozen):
+    name: str = MISSING
+    accelerator: str = "cuda"  # cuda | cpu
+    nodes: int = 1
+    devices_per_node: int = 1  # GPUs, or CPU worker slots when accelerator=cpu
+    device_memory_gb: float = 0.0
+    peak_bf16_tflops: float = 0.0
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass
+class RolloutPlacement(Frozen):
+    engines: int = 1
+    tensor_parallel: int = 1
+
+
+@dataclass
+class PlacementSpec(Frozen):
+    """hybrid: every role spans the same devices; disaggregated: each role gets its own."""
+
+    mode: str = MISSING  # hybrid | disaggregated
+    # disaggregated only: devices per training role (0 = role not used or not placed)
+    actor: int = 0
+    critic: int = 0
+    reference: int = 0
+    reward: int = 0
+    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
+    # hybrid only: the switches that let training and generation share a GPU
+    sleep_rollout: bool = True
+    offload_train_state: bool = True
+
+
+# --------------------------------------------------------------------------- rollout / train
+
+
+@dataclass
+class RolloutSpec(Frozen):
+    engine: str = "auto"  # auto | hf | vllm (auto: vllm on cuda, hf on cpu)
+    max_prompt_tokens: int = 64
+    max_response_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    gpu_memory_utilization: float = 0.5  # vLLM's share of each GPU
+    enforce_eager: bool = False
+
+
+@dataclass
+class TrainSpec(Frozen):
+    steps: int = 100
+    prompts_per_step: int = 16
+    micro_batch_size: int = 8  # samples per forward/backward on one rank
+    zero_stage: int = 0
+    seed: int = 0
+    offload_optimizer: bool = False
+
+
+# --------------------------------------------------------------------------- data / reward / tracking
+
+
+@dataclass
+class DataSpec(Frozen):
+    name: str = MISSING
+    train_files: list[str] = field(default_factory=list)  # paths or builtin:<task>
+    eval_files: list[str] = field(default_factory=list)
+    weights: Optional[list[float]] = None  # mixing weights, one per train file
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    messages_key: str = "messages"
+    chat_template: bool = False  # render prompts with the tokenizer's chat template
+    shuffle: bool = True
+
+
+@dataclass
+class RewardFnSpec(Frozen):
+    fn: str = MISSING  # module:function or path/to/file.py:function
+    weight: float = 1.0
+    name: Optional[str] = None
+
+
+@dataclass
+class RewardSpec(Frozen):
+    name: str = MISSING
+    functions: list[RewardFnSpec] = field(default_factory=list)
+    model_path: Optional[str] = None  # a reward model checkpoint (scalar head)
+    model_weight: float = 1.0
+    timeout_s: float = 60.0
+
+
+@dataclass
+class TrackingSpec(Frozen):
+    backend: str = "mlflow"  # mlflow | none
+    uri: Optional[str] = None  # None: a sqlite store under the output root
+    experiment: str = "rlhf"
+    console: str = "rich"  # rich | plain | none
+    log_every: int = 1
+
+
+@dataclass
+class CheckpointSpec(Frozen):
+    every: int = 0  # steps; 0 = only at the end
+    keep_last: int = 2
+    save_hf: bool = True
+
+
+@dataclass
+class RaySpec(Frozen):
+    address: Optional[str] = None  # join an existing cluster ("auto" or host:port); None starts a local one
+    num_cpus: Optional[int] = None
+
+
+# --------------------------------------------------------------------------- root
+
+
+@dataclass
+class RunConfig:
+    """The root schema; ``algo`` is typed by its group file (RLAlgo, DPOAlgo, ...)."""
+
+    algo: Any = MISSING
+    model: ModelSpec = MISSING
+    hardware: HardwareSpec = MISSING
+    placement: PlacementSpec = MISSING
+    data: DataSpec = MISSING
+    reward: RewardSpec = MISSING
+    tracking: TrackingSpec = MISSING
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    ray: RaySpec = field(default_factory=RaySpec)
+    mode: str = "run"  # run | plan
+    output_dir: Optional[str] = None  # the run directory; None: Hydra's hydra.run.dir
+    resume: Optional[str] = None
+
+
+def register() -> None:
+    """Register schemas in Hydra's ConfigStore (group files extend ``<group>/schema``)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="rlhf_schema", node=RunConfig)
+    for kind, cls in ALGO_SCHEMAS.items():
+        cs.store(group="algo", name=f"{kind}_schema", node=cls)
+    for group, cls in [
+        ("model", ModelSpec),
+        ("hardware", HardwareSpec),
+        ("placement", PlacementSpec),
+        ("data", DataSpec),
+        ("reward", RewardSpec),
+        ("tracking", TrackingSpec),
+    ]:
+        cs.store(group=group, name="schema", node=cls)

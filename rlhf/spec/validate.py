@@ -1,0 +1,221 @@
+"""Every check on a typed config, collected so the user sees all problems at once.
+
+Each message names the key, the value, and a fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_PLACEMENTS = ("loss", "reward")
+DPO_LOSSES = ("sigmoid", "ipo", "hinge")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _choice(problems: list[str], key: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        problems.append(f"{key}={value!r} is not valid. Choose one of: {', '.join(options)}.")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
+    p: list[str] = []
+    algo, hw, pl, train, rollout = s["algo"], s["hardware"], s["placement"], s["train"], s["rollout"]
+
+    # ---- algo
+    if algo.kind == "rl":
+        _choice(p, "algo.estimator", algo.estimator, ESTIMATORS)
+        _choice(p, "algo.loss_agg", algo.loss_agg, LOSS_AGGS)
+        _choice(p, "algo.ratio_level", algo.ratio_level, ("token", "sequence"))
+        _choice(p, "algo.kl.estimator", algo.kl.estimator, KL_ESTIMATORS)
+        _choice(p, "algo.kl.placement", algo.kl.placement, KL_PLACEMENTS)
+        if algo.group_size < 1:
+            p.append(f"algo.group_size={algo.group_size} must be at least 1.")
+        elif algo.estimator in GROUP_ESTIMATORS and algo.group_size < 2:
+            p.append(
+                f"algo.group_size={algo.group_size}: {algo.estimator} compares samples of the same prompt, "
+                "so it needs at least 2. Use algo.group_size=4 or more."
+            )
+        if algo.estimator == "gae" and algo.critic is None:
+            p.append("algo.estimator=gae needs a critic: set algo.critic.lr (and value_clip), or use algo=ppo.")
+        if algo.estimator != "gae" and algo.critic is not None:
+            p.append(
+                f"algo.critic is set but algo.estimator={algo.estimator} uses no critic (only gae does). "
+                "Remove the critic settings (algo.critic=null) or use algo=ppo."
+            )
+        if algo.clip_low <= 0 or algo.clip_high <= 0:
+            p.append(f"algo.clip_low={algo.clip_low}, algo.clip_high={algo.clip_high}: clip ranges must be > 0.")
+        if algo.dual_clip is not None and algo.dual_clip <= 1:
+            p.append(f"algo.dual_clip={algo.dual_clip} must be > 1 (3.0 is usual), or null to turn it off.")
+        if algo.tis_cap is not None and algo.tis_cap <= 0:
+            p.append(f"algo.tis_cap={algo.tis_cap} must be > 0 (2.0 is usual), or null to turn it off.")
+        if algo.kl.coef < 0:
+            p.append(f"algo.kl.coef={algo.kl.coef} must be >= 0.")
+        if algo.kl.adaptive and algo.kl.placement != "reward":
+            p.append("algo.kl.adaptive=true adapts a KL penalty in the reward: set algo.kl.placement=reward.")
+        if not 0 <= algo.lam <= 1 or not 0 <= algo.gamma <= 1:
+            p.append(f"algo.gamma={algo.gamma}, algo.lam={algo.lam}: both must lie in [0, 1].")
+        if algo.overlong_buffer is not None and not 0 < algo.overlong_buffer <= rollout.max_response_tokens:
+            p.append(
+                f"algo.overlong_buffer={algo.overlong_buffer} must be in (0, rollout.max_response_tokens="
+                f"{rollout.max_response_tokens}]."
+            )
+    elif algo.kind == "dpo":
+        _choice(p, "algo.loss_type", algo.loss_type, DPO_LOSSES)
+        if algo.beta <= 0:
+            p.append(f"algo.beta={algo.beta} must be > 0 (0.1 is usual).")
+        if not 0 <= algo.label_smoothing < 0.5:
+            p.append(f"algo.label_smoothing={algo.label_smoothing} must be in [0, 0.5).")
+    for key in ("lr", "epochs"):
+        if getattr(algo, key) <= 0:
+            p.append(f"algo.{key}={getattr(algo, key)} must be > 0.")
+    if hasattr(algo, "eval_fraction") and not 0 <= algo.eval_fraction < 1:
+        p.append(f"algo.eval_fraction={algo.eval_fraction} must be in [0, 1).")
+
+    # ---- model / hardware
+    _choice(p, "model.dtype", s["model"].dtype, DTYPES)
+    _choice(p, "hardware.accelerator", hw.accelerator, ("cuda", "cpu"))
+    if hw.nodes < 1 or hw.devices_per_node < 1:
+        p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
+        return p
+    if hw.accelerator == "cpu" and s["model"].dtype == "float16":
+        p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
+    _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
+    if rollout.engine == "vllm" and hw.accelerator == "cpu":
+        p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
+
+    # ---- placement
+    total = hw.nodes * hw.devices_per_node
+    _choice(p, "placement.mode", pl.mode, ("hybrid", "disaggregated"))
+    tp = pl.rollout.tensor_parallel
+    if tp < 1 or tp > hw.devices_per_node:
+        p.append(
+            f"placement.rollout.tensor_parallel={tp} must be between 1 and the GPUs of one node "
+            f"(hardware.devices_per_node={hw.devices_per_node}): tensor parallelism does not cross nodes."
+        )
+    elif "rollout" in roles:
+        if pl.mode == "hybrid":
+            engines = pl.rollout.engines or total // tp
+            if total % tp:
+                ok = ", ".join(str(d) for d in _divisors(hw.devices_per_node))
+                p.append(
+                    f"placement.rollout.tensor_parallel={tp} does not divide the {total} devices that hybrid "
+                    f"placement gives to rollout engines. Use {ok}."
+                )
+            elif engines * tp > total:
+                p.append(
+                    f"placement.rollout.engines={engines} × tensor_parallel={tp} needs {engines * tp} devices, "
+                    f"but the hardware has {total} (hardware={hw.name}). Use placement.rollout.engines={total // tp}."
+                )
+        else:
+            from rlhf.spec.build import disaggregated_counts
+
+            counts = disaggregated_counts(pl, roles, total)
+            need = sum(counts.values())
+            if need > total:
+                detail = ", ".join(f"{r} {n}" for r, n in counts.items())
+                p.append(
+                    f"placement=disaggregated needs {need} devices ({detail}) but hardware={hw.name} has "
+                    f"{total}. Lower the per-role counts, or use placement=hybrid."
+                )
+            if counts.get("rollout", 0) % tp:
+                p.append(
+                    f"placement.rollout.tensor_parallel={tp} does not divide the {counts['rollout']} devices given "
+                    f"to rollout engines. Use one of: {', '.join(str(d) for d in _divisors(counts['rollout']))}."
+                )
+            for r in ("critic", "reference", "reward"):
+                if r not in roles and getattr(pl, r):
+                    p.append(
+                        f"placement.{r}={getattr(pl, r)} gives devices to a role this run does not have "
+                        f"(algo={algo.name}). Set placement.{r}=0."
+                    )
+
+    # ---- train / batch math
+    if train.steps < 1:
+        p.append(f"train.steps={train.steps} must be >= 1.")
+    if train.prompts_per_step < 1 or train.micro_batch_size < 1:
+        p.append(
+            f"train.prompts_per_step={train.prompts_per_step}, train.micro_batch_size={train.micro_batch_size}: "
+            "both must be >= 1."
+        )
+    elif not p:
+        p.extend(_batch_problems(s, roles))
+    if train.zero_stage not in (0, 1, 2, 3):
+        p.append(f"train.zero_stage={train.zero_stage} is not a ZeRO stage. Use 0, 1, 2 or 3.")
+    if rollout.max_response_tokens < 1 or rollout.max_prompt_tokens < 1:
+        p.append("rollout.max_prompt_tokens and rollout.max_response_tokens must be >= 1.")
+    if rollout.temperature <= 0 and "rollout" in roles:
+        p.append(f"rollout.temperature={rollout.temperature} must be > 0 for RL (sampling is needed).")
+    if not 0 < rollout.gpu_memory_utilization < 1:
+        p.append(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1).")
+
+    # ---- data / reward / tracking / checkpoint
+    data = s["data"]
+    if not data.train_files:
+        p.append("data.train_files is empty. Give at least one file, e.g. data.train_files=[path/to/train.jsonl].")
+    if data.weights is not None and len(data.weights) != len(data.train_files):
+        p.append(
+            f"data.weights has {len(data.weights)} entries but data.train_files has {len(data.train_files)}: "
+            "give one weight per file."
+        )
+    rw = s["reward"]
+    if algo.kind == "rl" and not rw.functions and not rw.model_path:
+        p.append("this RL run has no reward: set reward.functions (module:function) or reward.model_path.")
+    for i, f in enumerate(rw.functions):
+        if ":" not in f.fn:
+            p.append(
+                f"reward.functions[{i}].fn={f.fn!r} must name a function as module:function or "
+                "path/to/file.py:function."
+            )
+    if rw.timeout_s <= 0:
+        p.append(f"reward.timeout_s={rw.timeout_s} must be > 0.")
+    _choice(p, "tracking.backend", s["tracking"].backend, ("mlflow", "none"))
+    _choice(p, "tracking.console", s["tracking"].console, ("rich", "plain", "none"))
+    if s["checkpoint"].keep_last < 1:
+        p.append(f"checkpoint.keep_last={s['checkpoint'].keep_last} must be >= 1.")
+    if s["checkpoint"].every < 0:
+        p.append(f"checkpoint.every={s['checkpoint'].every} must be >= 0 (0 = only at the end).")
+    _choice(p, "mode", s["mode"], ("run", "plan"))
+    return p
+
+
+def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
+    from rlhf.spec.build import plan_layout
+
+    algo, train = s["algo"], s["train"]
+    world = plan_layout(s, roles).world_size("actor")
+    group = getattr(algo, "group_size", 1)
+    samples = train.prompts_per_step * group
+    mini = getattr(algo, "mini_batch_size", None) or samples
+    p = []
+    if samples % mini:
+        near = [d for d in _divisors(samples) if d % world == 0]
+        best = min(near, key=lambda d: abs(d - mini)) if near else samples
+        p.append(
+            f"algo.mini_batch_size={mini} does not divide the {samples} samples of a step "
+            f"(train.prompts_per_step={train.prompts_per_step} × algo.group_size={group}). "
+            f"Use algo.mini_batch_size={best}."
+        )
+    elif mini % world:
+        p.append(
+            f"the {mini} samples of an optimizer step do not split over the actor's {world} data-parallel ranks. "
+            f"Use a mini-batch (algo.mini_batch_size, or train.prompts_per_step × algo.group_size) divisible by {world}."
+        )
+    else:
+        per_rank = mini // world
+        micro = min(train.micro_batch_size, per_rank)
+        if per_rank % micro:
+            ok = [d for d in _divisors(per_rank) if d <= train.micro_batch_size]
+            p.append(
+                f"train.micro_batch_size={train.micro_batch_size} does not divide the {per_rank} samples each of "
+                f"the {world} ranks takes per optimizer step ({mini} / {world}). "
+                f"Use train.micro_batch_size={max(ok)}."
+            )
+    return p
