@@ -1,0 +1,3 @@
+from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "find_latest"]

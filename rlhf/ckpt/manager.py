@@ -1,0 +1,103 @@
+"""Checkpoint directories: atomic writes, rotation, keep-best, and finding the newest for resume.
+
+Layout of a run directory:
+
+    <run_dir>/checkpoints/step_00000010/      one complete checkpoint
+        driver.pt                             step, data position, RNG, KL controller, metrics
+        <role>/                               each training role's DeepSpeed state (+ hf/ export)
+        COMPLETE                              written last: a checkpoint without it is ignored
+    <run_dir>/final/hf/                       the final HF-format policy (from_pretrained-ready)
+
+A checkpoint is written into ``step_XXXXXXXX.tmp`` and renamed when complete, so a run killed while
+saving leaves the previous checkpoint intact and never a half-written one that resume would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+MARKER = "COMPLETE"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: Path
+    metric: Optional[float] = None
+
+
+class CheckpointManager:
+    """Owns ``<run_dir>/checkpoints``: where to write, when, and which to keep.
+
+    keep_last: the newest N complete checkpoints survive rotation.
+    best_metric: if set, the checkpoint with the highest value of that metric also survives.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, every: int, keep_last: int, best_metric: Optional[str] = None):
+        self.root = Path(run_dir) / "checkpoints"
+        self.every = every
+        self.keep_last = keep_last
+        self.best_metric = best_metric
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Save after ``step`` (1-based count of finished steps)? Always at the end."""
+        return step == last_step or (self.every > 0 and step % self.every == 0)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary directory to write checkpoint ``step`` into."""
+        tmp = self.root / (step_dir_name(step) + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def commit(self, tmp: Path, step: int, metrics: Optional[dict] = None) -> Path:
+        """Mark ``tmp`` complete, move it into place, then rotate old checkpoints."""
+        (tmp / MARKER).write_text(json.dumps({"step": step, "metrics": metrics or {}}))
+        final = self.root / step_dir_name(step)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self.rotate()
+        return final
+
+    def complete(self) -> list[CheckpointInfo]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for d in self.root.iterdir():
+            if d.is_dir() and d.name.startswith("step_") and not d.name.endswith(".tmp") and (d / MARKER).exists():
+                info = json.loads((d / MARKER).read_text())
+                metric = info.get("metrics", {}).get(self.best_metric) if self.best_metric else None
+                out.append(CheckpointInfo(step=int(info["step"]), path=d, metric=metric))
+        return sorted(out, key=lambda c: c.step)
+
+    def latest(self) -> Optional[CheckpointInfo]:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def rotate(self) -> None:
+        done = self.complete()
+        keep = {c.path for c in done[-self.keep_last:]}
+        scored = [c for c in done if c.metric is not None]
+        if scored:
+            keep.add(max(scored, key=lambda c: c.metric).path)
+        for c in done:
+            if c.path not in keep:
+                shutil.rmtree(c.path, ignore_errors=True)
+        for stale in self.root.glob("*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def find_latest(run_dir: str | os.PathLike) -> Optional[CheckpointInfo]:
+    """The newest complete checkpoint of a run directory, or None."""
+    return CheckpointManager(run_dir, every=0, keep_last=1).latest()
