@@ -1,0 +1,328 @@
+"""Local data files → lists of records (dicts), with errors a user can act on.
+
+Formats, chosen by the path:
+
+    *.jsonl / *.jsonl.gz     one JSON object per line
+    *.json                   a list of objects, or {"data": [...]}, or {column: [values...]}
+    *.parquet                (pyarrow)
+    *.csv / *.tsv            header row, every value a string
+    a directory              an HF ``datasets`` dataset written by ``save_to_disk`` (read offline);
+                             a DatasetDict takes the ``train`` split unless ``dir::split`` names one
+    builtin:<task>/<split>   the built-in task's files (generated on first use)
+
+Every problem becomes one ``UserError`` that names the file, the row and the fix, e.g.
+
+    data file data/prefs.jsonl, row 17: no key 'chosen' (keys: prompt, better, worse).
+    Set data.chosen_key=<the key that holds the preferred response>.
+
+Several training files are mixed by ``mix`` with ``data.weights``: the weights are the shares of
+each file in the mixed set, which has as many rows as the files together (a file whose share is
+larger than its size is repeated; a smaller one is subsampled).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from rlhf.spec.errors import UserError
+
+BUILTIN_PREFIX = "builtin:"
+EXTENSIONS = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
+
+# key in DataSpec → what the value holds (for the "Set data.<x>_key=..." hint)
+KEY_MEANING = {
+    "prompt_key": "the prompt",
+    "response_key": "the response to train on",
+    "chosen_key": "the preferred response",
+    "rejected_key": "the dispreferred response",
+    "messages_key": "the conversation (a list of {role, content})",
+}
+
+
+@dataclass
+class Records:
+    """The rows of one file (or a mix), and where they came from (for error messages)."""
+
+    rows: list[dict[str, Any]]
+    source: str  # a display name: the path, or "a + b" for a mix
+    origins: Optional[list[tuple[str, int]]] = None  # per row: (file, row index in that file)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def where(self, i: int) -> str:
+        if self.origins is not None:
+            f, r = self.origins[i]
+            return f"data file {f}, row {r}"
+        return f"data file {self.source}, row {i}"
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_builtin(name: str) -> str:
+    """``builtin:<task>/<split>`` → a local file, generated on first use by rlhf.data.builtin."""
+    try:
+        from rlhf.data import builtin
+    except ImportError as e:  # pragma: no cover - the module ships with the package
+        raise UserError(f"{BUILTIN_PREFIX}{name}: the built-in task module is not available ({e}).") from None
+    return str(builtin.data_file(name))
+
+
+def load_file(path: str) -> Records:
+    """One file (or saved dataset directory) → Records. Raises UserError."""
+    spec = str(path)
+    if spec.startswith(BUILTIN_PREFIX):
+        real = resolve_builtin(spec[len(BUILTIN_PREFIX):])
+        rec = load_file(real)
+        rec.source = spec if real == spec else f"{spec} ({real})"
+        return rec
+    split = None
+    if "::" in spec:
+        spec, split = spec.rsplit("::", 1)
+    p = Path(os.path.expanduser(spec))
+    if not p.exists():
+        hint = ""
+        parent = p.parent if str(p.parent) else Path(".")
+        if parent.is_dir():
+            near = sorted(x.name for x in parent.iterdir() if x.name.endswith(EXTENSIONS) or x.is_dir())[:8]
+            if near:
+                hint = f" Files in {parent}: {', '.join(near)}."
+        raise UserError(f"data file {spec} does not exist.{hint} Check data.train_files / data.eval_files.")
+    if p.is_dir():
+        rows = _load_saved_dataset(p, split)
+    else:
+        name = p.name.lower()
+        if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+            rows = _load_jsonl(p)
+        elif name.endswith(".json"):
+            rows = _load_json(p)
+        elif name.endswith(".parquet"):
+            rows = _load_parquet(p)
+        elif name.endswith(".csv") or name.endswith(".tsv"):
+            rows = _load_csv(p, delimiter="\t" if name.endswith(".tsv") else ",")
+        else:
+            raise UserError(
+                f"data file {spec}: unknown format. Use one of {', '.join(EXTENSIONS)}, "
+                "or a directory written by datasets' save_to_disk."
+            )
+    if not rows:
+        raise UserError(f"data file {spec} is empty (no rows). Check the file, or remove it from data.train_files.")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise UserError(
+                f"data file {spec}, row {i}: expected an object with named fields, got {type(r).__name__} "
+                f"({_short(r)}). Write one JSON object per row, e.g. {{\"prompt\": ..., \"response\": ...}}."
+            )
+    return Records(rows=rows, source=spec)
+
+
+def _load_jsonl(p: Path) -> list[Any]:
+    opener: Callable[..., Any] = gzip.open if p.name.lower().endswith(".gz") else open
+    rows = []
+    with opener(p, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UserError(
+                    f"data file {p}, line {lineno}: not valid JSON ({e.msg} at column {e.colno}). "
+                    "Each line of a .jsonl file must be one JSON object."
+                ) from None
+    return rows
+
+
+def _load_json(p: Path) -> list[Any]:
+    try:
+        with open(p, encoding="utf-8") as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        hint = " (is it JSON lines? name it .jsonl)" if e.msg == "Extra data" else ""
+        raise UserError(f"data file {p}: not valid JSON ({e.msg}, line {e.lineno}){hint}.") from None
+    if isinstance(obj, dict):
+        if isinstance(obj.get("data"), list):
+            return obj["data"]
+        cols = [v for v in obj.values()]
+        if cols and all(isinstance(v, list) for v in cols):
+            n = {len(v) for v in cols}
+            if len(n) != 1:
+                raise UserError(f"data file {p}: the columns have different lengths ({sorted(n)}).")
+            keys = list(obj)
+            return [dict(zip(keys, vals)) for vals in zip(*cols)]
+        raise UserError(
+            f"data file {p}: expected a list of objects, {{\"data\": [...]}} or {{column: [values]}}; "
+            f"got an object with keys {', '.join(map(str, obj))}."
+        )
+    if isinstance(obj, list):
+        return obj
+    raise UserError(f"data file {p}: expected a list of objects, got {type(obj).__name__}.")
+
+
+def _load_parquet(p: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover
+        raise UserError(f"data file {p}: reading parquet needs pyarrow (pip install pyarrow).") from None
+    try:
+        return pq.read_table(p).to_pylist()
+    except Exception as e:  # pyarrow raises several types for bad files
+        raise UserError(f"data file {p}: cannot read as parquet ({e}).") from None
+
+
+def _load_csv(p: Path, delimiter: str) -> list[dict[str, Any]]:
+    with open(p, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        if not reader.fieldnames:
+            return []
+        return [dict(r) for r in reader]
+
+
+def _load_saved_dataset(p: Path, split: Optional[str]) -> list[dict[str, Any]]:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if not any((p / n).exists() for n in ("dataset_info.json", "state.json", "dataset_dict.json")):
+        raise UserError(
+            f"data file {p} is a directory but not a dataset written by datasets' save_to_disk "
+            "(no dataset_info.json / dataset_dict.json). Give a .jsonl/.json/.parquet/.csv file instead."
+        )
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:
+        raise UserError(f"data file {p}: cannot load the saved dataset ({e}).") from None
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds.keys())
+        want = split or ("train" if "train" in ds else names[0] if len(names) == 1 else None)
+        if want not in ds:
+            raise UserError(
+                f"data file {p} holds the splits {', '.join(names)}; name one as {p}::<split>, e.g. {p}::{names[0]}."
+            )
+        ds = ds[want]
+    elif split:
+        raise UserError(f"data file {p} is a single dataset without splits: drop '::{split}'.")
+    return ds.to_list()
+
+
+def load_files(paths: Sequence[str], weights: Optional[Sequence[float]] = None, *, seed: int = 0) -> Records:
+    """Load and mix several files (see ``mix``); one file is returned as it is."""
+    if not paths:
+        raise UserError("no data files given. Set data.train_files=[path/to/train.jsonl].")
+    parts = [load_file(p) for p in paths]
+    if len(parts) == 1 and weights is None:
+        return parts[0]
+    return mix(parts, weights, seed=seed)
+
+
+def mix(parts: Sequence[Records], weights: Optional[Sequence[float]], *, seed: int = 0) -> Records:
+    """Mix files by weight: file i gets ``round(N * w_i / sum(w))`` of the ``N = sum(len)`` rows.
+
+    A file asked for more rows than it has is repeated whole as often as fits and the remainder is
+    sampled without replacement; rows are shuffled together with ``seed``.
+    """
+    if weights is None:
+        weights = [1.0 * len(p) for p in parts]  # plain concatenation
+    if len(weights) != len(parts):
+        raise UserError(f"data.weights has {len(weights)} entries for {len(parts)} files: give one per file.")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"data.weights={list(weights)}: weights must be >= 0 and not all 0.")
+    total_rows = sum(len(p) for p in parts)
+    total_w = float(sum(weights))
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    origins: list[tuple[str, int]] = []
+    for part, w in zip(parts, weights):
+        want = int(round(total_rows * w / total_w))
+        idx: list[int] = []
+        full, rest = divmod(want, len(part))
+        for _ in range(full):
+            idx.extend(range(len(part)))
+        idx.extend(rng.sample(range(len(part)), rest))
+        rows.extend(part.rows[i] for i in idx)
+        origins.extend((part.source, i) for i in idx)
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    return Records(
+        rows=[rows[i] for i in order],
+        source=" + ".join(p.source for p in parts),
+        origins=[origins[i] for i in order],
+    )
+
+
+def split_eval(rec: Records, fraction: float, *, seed: int = 0) -> tuple[Records, Records]:
+    """Hold out ``fraction`` of the rows (at least one, when fraction > 0) for evaluation."""
+    n = len(rec)
+    n_eval = 0 if fraction <= 0 else max(1, int(round(n * fraction)))
+    if n_eval >= n:
+        raise UserError(
+            f"{rec.source} has {n} rows: too few to hold out algo.eval_fraction={fraction} for evaluation. "
+            "Add rows, lower algo.eval_fraction, or give data.eval_files."
+        )
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    ev, tr = sorted(order[:n_eval]), sorted(order[n_eval:])
+    return _subset(rec, tr), _subset(rec, ev)
+
+
+def _subset(rec: Records, idx: Iterable[int]) -> Records:
+    idx = list(idx)
+    origins = [rec.origins[i] for i in idx] if rec.origins is not None else [(rec.source, i) for i in idx]
+    return Records(rows=[rec.rows[i] for i in idx], source=rec.source, origins=origins)
+
+
+# ----------------------------------------------------------------------------- checking rows
+
+
+def row_value(rec: Records, i: int, key: str, *, spec_key: str, kinds: tuple[str, ...] = ("text",)) -> Any:
+    """``rec.rows[i][key]`` checked to be one of ``kinds``: "text" (a non-empty string) or
+    "messages" (a non-empty list of {role, content}). Raises UserError naming file, row and fix."""
+    row = rec.rows[i]
+    if key not in row:
+        keys = ", ".join(map(str, row)) or "none"
+        meaning = KEY_MEANING.get(spec_key, "this field")
+        raise UserError(
+            f"{rec.where(i)}: no key {key!r} (keys: {keys}). "
+            f"Set data.{spec_key}=<the key that holds {meaning}>."
+        )
+    value = row[key]
+    if "text" in kinds and isinstance(value, str):
+        if not value.strip() and spec_key != "prompt_key":
+            raise UserError(f"{rec.where(i)}: {key!r} is an empty string. Remove the row or fill it in.")
+        return value
+    if "messages" in kinds and isinstance(value, list):
+        check_messages(value, where=f"{rec.where(i)}: {key!r}")
+        return value
+    want = " or ".join({"text": "a string", "messages": "a list of {role, content} messages"}[k] for k in kinds)
+    raise UserError(
+        f"{rec.where(i)}: {key!r} should be {want}, got {type(value).__name__} ({_short(value)}). "
+        f"Fix the row, or point data.{spec_key} at the right key."
+    )
+
+
+def check_messages(msgs: Any, *, where: str) -> None:
+    if not isinstance(msgs, list) or not msgs:
+        raise UserError(f"{where} should be a non-empty list of {{role, content}} messages, got {_short(msgs)}.")
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise UserError(
+                f"{where}, message {j}: expected {{\"role\": ..., \"content\": ...}}, got {_short(m)}."
+            )
+        if not isinstance(m["content"], str):
+            raise UserError(f"{where}, message {j}: content should be a string, got {type(m['content']).__name__}.")
+
+
+def has_key(rec: Records, key: str) -> bool:
+    return bool(rec.rows) and key in rec.rows[0]
+
+
+def _short(v: Any, n: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= n else s[: n - 3] + "..."

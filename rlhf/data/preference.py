@@ -1,0 +1,177 @@
+"""Preference pairs: rows → (prompt ids, chosen ids, rejected ids); batches for DPO and reward models.
+
+A row holds ``data.chosen_key`` and ``data.rejected_key`` and usually ``data.prompt_key``:
+
+    {"prompt": "...", "chosen": "...", "rejected": "..."}                      text
+    {"prompt": [msgs], "chosen": [assistant msgs], "rejected": [...]}         conversations
+    {"chosen": [full conversation], "rejected": [full conversation]}          no prompt key: the
+                                                                              shared first turns are the prompt
+
+Responses are tokenised exactly as SFT does (``rlhf.data.sft.prompt_ids`` / ``response_ids``).
+
+Truncation to ``max_length`` (``data.truncation``): ``right`` cuts the responses' ends, ``left``
+cuts the prompt's start (then the responses' ends if the prompt alone is not enough), ``drop``
+skips the pair; the prompt is never cut below one token.
+
+A batch of m pairs has 2m sequences: sequence 2i is pair i's chosen, 2i+1 its rejected. Unpacked,
+each sequence is one row; packed (``algo.packing``), sequences share rows of up to ``max_length``
+tokens. ``seq`` maps every token to its sequence (-1: padding) so per-sequence sums and last-token
+scores come out the same either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from rlhf.data.files import Records, check_messages, row_value
+from rlhf.data.sft import TRUNCATION, Row, TruncationReport, first_fit, prompt_ids, response_ids
+from rlhf.spec.errors import UserError
+
+
+@dataclass
+class Pair:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+
+def _split_conversations(rec: Records, i: int, chosen: list, rejected: list) -> tuple[list, list, list]:
+    where = rec.where(i)
+    check_messages(chosen, where=f"{where}: chosen")
+    check_messages(rejected, where=f"{where}: rejected")
+    k = 0
+    while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
+        k += 1
+    while k > 0 and chosen[k - 1]["role"] == "assistant":  # the prompt ends before the reply
+        k -= 1
+    if k == 0 or chosen[k]["role"] != "assistant" or rejected[k]["role"] != "assistant":
+        raise UserError(
+            f"{where}: without a prompt key, chosen and rejected must be conversations that share their first "
+            "turns and differ in the assistant's reply. Add a prompt column (data.prompt_key) instead."
+        )
+    return chosen[:k], chosen[k:], rejected[k:]
+
+
+def pair_from_row(rec: Records, i: int, tokenizer: Any, data: Any) -> Pair:
+    row = rec.rows[i]
+    where = rec.where(i)
+    chosen = row_value(rec, i, data.chosen_key, spec_key="chosen_key", kinds=("text", "messages"))
+    rejected = row_value(rec, i, data.rejected_key, spec_key="rejected_key", kinds=("text", "messages"))
+    if data.prompt_key in row:
+        prompt = row_value(rec, i, data.prompt_key, spec_key="prompt_key", kinds=("text", "messages"))
+    elif isinstance(chosen, list) and isinstance(rejected, list):
+        prompt, chosen, rejected = _split_conversations(rec, i, chosen, rejected)
+    else:
+        row_value(rec, i, data.prompt_key, spec_key="prompt_key")  # raises: names the missing key
+        raise AssertionError
+    p = prompt_ids(tokenizer, prompt, chat_template=data.chat_template, where=where)
+    c = response_ids(tokenizer, prompt, chosen, chat_template=data.chat_template, where=f"{where}: chosen")
+    r = response_ids(tokenizer, prompt, rejected, chat_template=data.chat_template, where=f"{where}: rejected")
+    if c == r:
+        raise UserError(f"{where}: chosen and rejected are the same response. Remove the row.")
+    return Pair(p, c, r)
+
+
+def truncate_pair(pair: Pair, max_length: int, policy: str) -> tuple[Optional[Pair], int]:
+    longest = len(pair.prompt) + max(len(pair.chosen), len(pair.rejected))
+    if longest <= max_length:
+        return pair, 0
+    if policy == "drop" or max_length < 2:
+        return None, longest
+    prompt = pair.prompt
+    if policy == "left":
+        over = longest - max_length
+        keep = max(len(prompt) - over, 1)
+        prompt = prompt[len(prompt) - keep :]
+    elif len(prompt) >= max_length:  # right: the responses need at least one token of room
+        prompt = prompt[len(prompt) - max_length // 2 :]
+    room = max_length - len(prompt)
+    out = Pair(prompt, pair.chosen[:room], pair.rejected[:room])
+    if out.chosen == out.rejected:  # the difference was cut away
+        return None, longest
+    return out, longest - max_length
+
+
+def build_pairs(rec: Records, tokenizer: Any, data: Any, max_length: int, what: str = "preference") -> tuple[list[Pair], TruncationReport]:
+    policy = getattr(data, "truncation", "right")
+    if policy not in TRUNCATION:
+        raise UserError(f"data.truncation={policy!r} is not a policy. Use one of: {', '.join(TRUNCATION)}.")
+    report = TruncationReport(what=what, max_length=max_length, policy=policy)
+    out = []
+    for i in range(len(rec)):
+        pair = pair_from_row(rec, i, tokenizer, data)
+        report.total += 1
+        report.longest = max(report.longest, len(pair.prompt) + max(len(pair.chosen), len(pair.rejected)))
+        kept, cut = truncate_pair(pair, max_length, policy)
+        if kept is None:
+            report.dropped += 1
+        else:
+            if cut:
+                report.truncated += 1
+                report.tokens_cut += cut
+            out.append(kept)
+    if not out:
+        raise UserError(f"{what}: every pair was dropped by truncation ({report.line()}). Raise data.max_length.")
+    return out, report
+
+
+def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max_length: int = 0) -> dict[str, torch.Tensor]:
+    """Tensors for m pairs: input_ids, loss_mask (response tokens), position_ids, seg (example
+    number within its row, -1 padding), seq (sequence number 0..2m-1, -1 padding) and ``last``
+    [2m, 2] = (row, position) of each sequence's last token."""
+    seqs: list[tuple[list[int], list[int]]] = []
+    for p in pairs:
+        for resp in (p.chosen, p.rejected):
+            seqs.append((p.prompt + resp, [0] * len(p.prompt) + [1] * len(resp)))
+    lengths = [len(s[0]) for s in seqs]
+    bins = first_fit(lengths, max(max_length, max(lengths))) if pack else [[k] for k in range(len(seqs))]
+    rows: list[Row] = []
+    seq_of_row: list[list[int]] = []
+    for b in bins:
+        r = Row()
+        ids: list[int] = []
+        for k, s in enumerate(b):
+            r.add(seqs[s][0], seqs[s][1], k)
+            ids.extend([s] * lengths[s])
+        rows.append(r)
+        seq_of_row.append(ids)
+    T = max(len(r) for r in rows)
+    B = len(rows)
+    out = {
+        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+        "loss_mask": torch.zeros((B, T), dtype=torch.long),
+        "position_ids": torch.zeros((B, T), dtype=torch.long),
+        "seg": torch.full((B, T), -1, dtype=torch.long),
+        "seq": torch.full((B, T), -1, dtype=torch.long),
+    }
+    last = torch.zeros((len(seqs), 2), dtype=torch.long)
+    for b, r in enumerate(rows):
+        n = len(r)
+        out["input_ids"][b, :n] = torch.tensor(r.input_ids)
+        out["loss_mask"][b, :n] = torch.tensor(r.loss_mask)
+        out["position_ids"][b, :n] = torch.tensor(r.position_ids)
+        out["seg"][b, :n] = torch.tensor(r.seg)
+        out["seq"][b, :n] = torch.tensor(seq_of_row[b])
+        for t in range(n):
+            last[seq_of_row[b][t]] = torch.tensor([b, t])
+    out["last"] = last
+    return out
+
+
+def sequence_logps(token_logp: torch.Tensor, batch: dict[str, torch.Tensor], n_seqs: int) -> torch.Tensor:
+    """Sum of response-token log-probs per sequence, ``[n_seqs]``.
+
+    ``token_logp [B, T]`` holds at position t the log-prob of ``input_ids[:, t]`` (position 0,
+    which nothing predicts, may hold anything: it is a prompt token)."""
+    keep = batch["loss_mask"].bool() & (batch["seq"] >= 0)
+    sums = torch.zeros(n_seqs, dtype=token_logp.dtype, device=token_logp.device)
+    return sums.index_add(0, batch["seq"][keep], token_logp[keep])
+
+
+def last_token_values(values: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``values [B, T]`` (a per-token score) at each sequence's last token → ``[n_seqs]``."""
+    last = batch["last"].to(values.device)
+    return values[last[:, 0], last[:, 1]]
