@@ -284,7 +284,9 @@ def grpo_advantages(
         return torch.zeros_like(s).reshape(-1)
     centred = s - s.mean(dim=1, keepdim=True)
     if normalize_std:
-        centred = centred / (s.std(dim=1, unbiased=True, keepdim=True) + eps)
+        den = s.std(dim=1, unbiased=True, keepdim=True) + eps
+        # equal scores with eps == 0 would give 0/0: define the advantage as 0
+        centred = torch.where(den > 0, centred / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(centred))
     return centred.reshape(-1)
 
 
