@@ -96,6 +96,7 @@ class DPOAlgo(Frozen):
     max_grad_norm: float = 1.0
     epochs: int = 1
     eval_fraction: float = 0.1
+    packing: bool = False  # pack chosen/rejected sequences of a micro-batch into shared rows
 
 
 @dataclass
@@ -109,6 +110,7 @@ class RMAlgo(Frozen):
     max_grad_norm: float = 1.0
     epochs: int = 1
     eval_fraction: float = 0.1
+    packing: bool = False  # pack chosen/rejected sequences of a micro-batch into shared rows
 
 
 @dataclass
@@ -225,6 +227,9 @@ class DataSpec(Frozen):
     rejected_key: str = "rejected"
     messages_key: str = "messages"
     chat_template: bool = False  # render prompts with the tokenizer's chat template
+    # sft/rm/dpo: tokens per example (prompt + response); None = rollout.max_prompt_tokens + max_response_tokens
+    max_length: Optional[int] = None
+    truncation: str = "right"  # sft/rm/dpo, examples over max_length: right | left (cut the prompt's start) | drop
     shuffle: bool = True
 
 
