@@ -2,34 +2,71 @@
 
     rlhf-run                                   # GRPO on the built-in task, CPU
     rlhf-run algo=ppo model=llama3-8b hardware=8xh100 --plan
-    rlhf-run -m algo.lr=1e-3,3e-3              # a sweep (Hydra multirun)
+    rlhf-run -m algo.lr=1e-3,3e-3              # a sweep (Hydra multirun, see rlhf/sweep.py)
+    rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config    # rerun a run's saved config
 
-A single run is composed with Hydra's compose API so that every config error becomes one line and
-exit code 2 before anything starts; a sweep goes through ``hydra.main`` (its launcher runs the
-jobs one after another) and each job is built the same way.
+A single run is composed with Hydra's compose API, so every config error becomes one readable
+line and exit code 2 before anything starts (HYDRA_FULL_ERROR=1 shows the traceback instead).
+The composed config is typed by the schemas in Hydra's ConfigStore; ``rlhf.spec.build`` turns it
+into the frozen RunSpec once, here in the driver.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from rlhf.paths import conf_dir, recipes_dir
 
 EXIT_CONFIG = 2
+# The groups a user picks from, in the order of conf/config.yaml's defaults list, and `recipe`.
 GROUPS = ("algo", "placement", "model", "hardware", "data", "reward", "tracking", "recipe")
+# Groups selected by other choices, not by the user (model_defaults follows model).
+INTERNAL_GROUPS = ("model_defaults",)
+
+
+# ----------------------------------------------------------------------------- groups
 
 
 def group_options(group: str) -> list[str]:
+    """The options of a config group (recipes: recipes/*.yaml; schema nodes are not options)."""
     folder = recipes_dir() if group == "recipe" else conf_dir() / group
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+@lru_cache(maxsize=1)
+def default_choices() -> dict[str, Optional[str]]:
+    """Each group's default option, read from conf/config.yaml's defaults list."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, Optional[str]] = {g: None for g in GROUPS}
+    for entry in OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml")).get("defaults", []):
+        if isinstance(entry, dict):
+            for k, v in entry.items():
+                k = k.replace("optional ", "").replace("override ", "").strip()
+                if k in out:
+                    out[k] = v
+    return out
+
+
+_registered: set[str] = set()
+
+
 def register_configs() -> None:
-    """Schemas and recipes go into Hydra's ConfigStore (recipes: group `recipe`, package _global_)."""
+    """Schemas and recipes go into Hydra's ConfigStore (recipes: group `recipe`, package _global_).
+
+    Recipes are stored from recipes/*.yaml (shipped inside the wheel as rlhf/_recipes), so they are
+    found after a non-editable install too; a recipe may have its own defaults list, e.g.
+    ``- override /algo: ppo``.
+    """
+    key = str(recipes_dir())
+    if key in _registered:
+        return
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -39,174 +76,450 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     for path in sorted(recipes_dir().glob("*.yaml")):
         cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    _registered.add(key)
+
+
+# ----------------------------------------------------------------------------- help
 
 
 HELP = """\
 rlhf-run — RLHF training from composable config groups.
 
-usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m]
+usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NAME]
 
-  --plan        print the batch math, placement map and memory estimate, then exit (no Ray, no GPU)
-  -m            multirun: sweep comma-separated values, e.g. -m algo.lr=1e-6,5e-7
+  --plan         print what differs from the defaults, the batch math, the placement map and the
+                 memory per GPU, then exit (no Ray, no GPU; about a second)
+  -m, --multirun sweep comma-separated values, one job each: rlhf-run -m algo.lr=1e-6,5e-7
   -cp DIR -cn NAME
-                take the primary config from DIR/NAME.yaml, e.g. a run dir to rerun its config:
-                rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
-  HYDRA_FULL_ERROR=1   show tracebacks
+                 take the primary config from DIR/NAME.yaml; a run dir reruns its saved config:
+                 rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
+  -h, --help     this text
+  HYDRA_FULL_ERROR=1  show tracebacks instead of one-line errors
 
-config groups (default first):
+config groups (the default first):
 {groups}
+
+keys: any KEY=VALUE of the spec, e.g. algo.lr=1e-6 algo.kl.coef=0.05 train.steps=200
+      placement.rollout.tensor_parallel=2 rollout.max_response_tokens=512 output_dir=runs/x
+      (the keys and their meaning: rlhf/spec/schema.py; a group's own file: conf/<group>/<option>.yaml)
 
 examples:
   rlhf-run                                           # GRPO on the built-in task, on CPU
   rlhf-run algo=grpo placement=hybrid model=llama3-8b hardware=8xh100 --plan
   rlhf-run algo=ppo algo.kl.coef=0.05 train.steps=200
-  rlhf-run recipe=<name>                             # a checked-in experiment from recipes/
+  rlhf-run recipe=grpo_tiny                          # a checked-in experiment from recipes/
 """
-
-DEFAULTS = {
-    "algo": "grpo",
-    "placement": "hybrid",
-    "model": "tiny",
-    "hardware": "cpu",
-    "data": "builtin",
-    "reward": "builtin",
-    "tracking": "mlflow",
-    "recipe": "(none)",
-}
 
 
 def render_help() -> str:
+    defaults = default_choices()
     lines = []
     for g in GROUPS:
         opts = group_options(g)
-        default = DEFAULTS[g]
+        default = defaults.get(g)
         ordered = ([default] if default in opts else []) + [o for o in opts if o != default]
+        if g == "recipe":
+            ordered = ["(none)"] + ordered
         lines.append(f"  {g:<10} {', '.join(ordered) if ordered else '(none)'}")
     return HELP.format(groups="\n".join(lines))
 
 
-def _split_args(argv: Sequence[str]) -> tuple[list[str], dict[str, str], bool, bool]:
-    """(overrides, options, plan, multirun) from the command line."""
-    overrides, opts, plan, multirun = [], {}, False, False
+# ----------------------------------------------------------------------------- arguments
+
+
+@dataclass
+class Args:
+    overrides: list[str] = field(default_factory=list)
+    plan: bool = False
+    multirun: bool = False
+    config_dir: Optional[str] = None
+    config_name: str = "config"
+
+
+FLAGS_WITH_VALUE = {
+    "-cp": "config_dir", "--config-path": "config_dir", "-cd": "config_dir", "--config-dir": "config_dir",
+    "-cn": "config_name", "--config-name": "config_name",
+}
+
+
+def parse_args(argv: Sequence[str]) -> Args:
+    """Flags and overrides from the command line (raises SpecError for an unknown flag)."""
+    from rlhf.spec.errors import SpecError
+
+    args = Args()
     it = iter(argv)
     for a in it:
         if a == "--plan":
-            plan = True
+            args.plan = True
         elif a in ("-m", "--multirun"):
-            multirun = True
-        elif a in ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir"):
-            opts[a] = next(it, "")
-        elif a.startswith("--config-path=") or a.startswith("--config-name="):
+            args.multirun = True
+        elif a in FLAGS_WITH_VALUE:
+            value = next(it, None)
+            if value is None:
+                raise SpecError([f"{a} needs a value, e.g. {a} {'outputs/<run dir>' if 'p' in a or 'd' in a else 'config'}."])
+            setattr(args, FLAGS_WITH_VALUE[a], value)
+        elif a.split("=", 1)[0] in FLAGS_WITH_VALUE and "=" in a:
             k, v = a.split("=", 1)
-            opts[k] = v
+            setattr(args, FLAGS_WITH_VALUE[k], v)
+        elif a.startswith("-") and not a.startswith("~"):
+            raise SpecError([
+                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --help; "
+                "everything else is GROUP=OPTION or KEY=VALUE."
+            ])
         else:
-            overrides.append(a)
-    return overrides, opts, plan, multirun
+            args.overrides.append(a)
+    return args
 
 
-def compose(overrides: list[str], config_dir: Optional[str] = None, config_name: str = "config"):
-    """Compose the config (with Hydra's own config node) or raise SpecError with one clear line."""
+def parse_overrides(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's parse of the overrides (raises SpecError naming the one that does not parse)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rlhf.spec.errors import SpecError
+
+    parser = OverridesParser.create()
+    out = []
+    for o in overrides:
+        try:
+            out.extend(parser.parse_overrides([o]))
+        except Exception as e:  # OverrideParseException
+            detail = str(e).split("\n")[1] if "\n" in str(e) else str(e)
+            raise SpecError([
+                f"cannot parse the override {o!r} ({detail.strip()}). Write GROUP=OPTION or KEY=VALUE, "
+                "e.g. algo=ppo or algo.lr=1e-6; quote values with spaces or special characters."
+            ]) from None
+    return out
+
+
+def check_group_choices(overrides: Sequence[str], allow_sweep: bool = False) -> None:
+    """An unknown option of a group is an error with the valid ones (recipe and model_defaults are
+    optional groups, so Hydra itself would silently skip an unknown one)."""
+    from rlhf.spec.errors import SpecError
+
+    problems = []
+    for ov in parse_overrides(overrides):
+        group = ov.key_or_group
+        if ov.is_delete() or ov.package or group not in GROUPS + INTERNAL_GROUPS:
+            continue
+        if ov.is_sweep_override():
+            if not allow_sweep:
+                problems.append(f"{ov.input_line}: a sweep of values needs -m (multirun).")
+                continue
+            values = [str(v) for v in ov.sweep_string_iterator()]
+        else:
+            values = [str(ov.value())] if ov.value() is not None else []
+        options = group_options("model" if group in INTERNAL_GROUPS else group)
+        for v in values:
+            if v not in options:
+                if group in INTERNAL_GROUPS:
+                    problems.append(
+                        f"{group}={v}: {group} follows model= (it is model_defaults/<model>.yaml); pick model= instead."
+                    )
+                else:
+                    problems.append(f"{group} {v!r} not found. Choose one of: {', '.join(options) or '(none)'}.")
+    if problems:
+        raise SpecError(problems)
+
+
+# ----------------------------------------------------------------------------- compose
+
+
+def compose(overrides: Sequence[str], config_dir: Optional[str] = None, config_name: str = "config"):
+    """Compose the config (with Hydra's own node) or raise SpecError with one clear line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from rlhf.spec.errors import SpecError
 
+    overrides = list(overrides)
+    if config_dir is None:
+        check_group_choices(overrides)
+    else:
+        parse_overrides(overrides)
+    folder = Path(config_dir or conf_dir()).expanduser().resolve()
+    if not (folder / f"{config_name}.yaml").is_file():
+        raise SpecError([
+            f"no config {config_name}.yaml in {folder}. Give the run dir that holds the saved config "
+            "(-cp outputs/<date>/<time> -cn config), or leave -cp out to start from the shipped groups."
+        ])
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(Path(config_dir or conf_dir()).resolve()), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
             return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-    except Exception as e:  # Hydra's own errors: unknown option, bad override syntax, missing config
+    except Exception as e:  # Hydra's own errors: unknown key, wrong type, bad override, missing config
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        raise SpecError([hydra_message(e, overrides)]) from None
+        raise SpecError([hydra_message(e, overrides, str(folder), config_name)]) from None
+    finally:
+        GlobalHydra.instance().clear()
 
 
-def hydra_message(e: Exception, overrides: list[str]) -> str:
+def _chain(e: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    while e is not None and id(e) not in seen:
+        out.append(e)
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def hydra_message(e: Exception, overrides: Sequence[str], config_dir: str, config_name: str) -> str:
+    """One line for a Hydra composition error: the key or option, the value, and a fix."""
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    from rlhf.spec.build import omegaconf_message, unknown_key_message
+
+    chain = _chain(e)
     text = str(e).strip()
     first = text.split("\n")[0]
-    if "Could not find" in first or "Could not load" in first:
-        for g in GROUPS:
-            if f"'{g}/" in first or f"'{g}'" in first:
-                bad = first.split(f"{g}/")[-1].rstrip("'").split("'")[0]
-                return f"{g} {bad!r} not found. Choose one of: {', '.join(group_options(g))}."
+
+    if "Could not find '" in first:  # an unknown option of a group (checked earlier for our groups)
+        missing = first.split("Could not find '", 1)[1].split("'", 1)[0]
+        group, _, option = missing.rpartition("/")
+        if group:
+            return f"{group} {option!r} not found. Choose one of: {', '.join(group_options(group)) or '(none)'}."
         return first
-    if "Could not override" in first or "Key '" in text and "not in struct" in text:
-        lines = [line for line in text.split("\n") if line.strip()]
-        key = first.split("'")[1] if "'" in first else first
+    if "Could not append to config. An item is already at" in first:
+        key = first.split("'")[1]
+        return f"{key} already exists: set it with {key}=VALUE (a leading + only adds keys that do not exist)."
+    if "Could not delete from config" in first:
+        key = first.split("'")[1]
+        return f"cannot delete {key}: there is no such key. Check the spelling (rlhf-run --help)."
+    if "No match in the defaults list" in first:
+        key = first.split("'")[1]
         return (
-            f"{key} is not a config key ({lines[-1].strip() if len(lines) > 1 else first}). "
-            "Check the spelling, or add it with +key=value if the schema allows it."
+            f"{key}: not a config group of {config_name}.yaml in {config_dir}. A saved run config has no groups: "
+            f"set keys ({key}.KEY=VALUE), or start from the shipped groups (leave -cp out)."
         )
-    if "Error parsing override" in first or "mismatched input" in text or "no viable alternative" in text:
-        bad = [o for o in overrides if o.split("=", 1)[0] in text or o in text]
-        return f"cannot parse the override {bad[0] if bad else ''!r}: write KEY=VALUE or GROUP=OPTION ({first})."
-    return text.replace("\n", " ")
+
+    for x in chain:  # OmegaConf errors carry the key path
+        if isinstance(x, ConfigKeyError) or (isinstance(x, OmegaConfBaseException) and "not in" in str(x) and "Key '" in str(x)):
+            key = getattr(x, "full_key", None) or ""
+            if key:
+                return unknown_key_message(key, getattr(x, "object_type", None)) + (
+                    " To add a new key anyway use ++KEY=VALUE." if key.startswith("hydra.") else ""
+                )
+        if isinstance(x, ValidationError) and getattr(x, "full_key", None):
+            key = x.full_key
+            value = _override_value(overrides, key)
+            msg = str(x).split("\n")[0]
+            if "is not a subclass of" in msg or "Invalid type assigned" in msg:
+                if "." not in key:
+                    return (
+                        f"{key}={value}: {key} is a section, not a config group or a value. "
+                        f"Set its keys, e.g. {key}.KEY=VALUE."
+                    )
+                return f"{key}={value}: {key} is a section of keys. Set its keys, e.g. {key}.KEY=VALUE."
+            if "is not a ListConfig" in msg:
+                return f"{key}={value}: expected a list. Write it in brackets, e.g. {key}=[{value}]."
+            return omegaconf_message(x, value)
+
+    # Setting a key under a section that is null (e.g. algo.critic.* when the algorithm has no critic)
+    null = _null_parent(overrides, config_dir, config_name)
+    if null:
+        return null
+    for x in chain:
+        if isinstance(x, OmegaConfBaseException) and getattr(x, "full_key", None):
+            return omegaconf_message(x)
+    return " ".join(text.split("\n")[:2])
 
 
-def run_dir_for(cfg) -> str:
-    if cfg.get("output_dir"):
-        return str(cfg.output_dir)
-    pattern = cfg.hydra.run.dir
-    return str(pattern) if pattern else os.path.join("outputs", datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+def _override_value(overrides: Sequence[str], key: str) -> str:
+    for o in overrides:
+        k, _, v = o.lstrip("+~").partition("=")
+        if k == key:
+            return v
+    return "?"
 
 
-def build_spec(cfg, overrides: list[str], plan: bool):
-    """The composed config → frozen RunSpec (raises SpecError)."""
-    from omegaconf import OmegaConf, open_dict
+def _null_parent(overrides: Sequence[str], config_dir: str, config_name: str) -> Optional[str]:
+    """If a key override goes through a null section, say which and why (composes the rest again)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    parsed = parse_overrides(overrides)
+    keep = [ov.input_line for ov in parsed if "." not in ov.key_or_group]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            base = hydra_compose(config_name=config_name, overrides=keep)
+    except Exception:
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    for ov in parsed:
+        parts = ov.key_or_group.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            node = OmegaConf.select(base, prefix, default="<absent>")
+            if node is None and (i < len(parts) or isinstance(ov.value(), dict)):
+                if prefix == "algo.critic":
+                    name = OmegaConf.select(base, "algo.name", default="?")
+                    est = OmegaConf.select(base, "algo.estimator", default="?")
+                    return (
+                        f"{ov.input_line}: algo={name} has no critic (algo.critic is null): its estimator "
+                        f"{est} uses no value model; only gae does. Use algo=ppo to train a critic, or drop "
+                        "the critic setting."
+                    )
+                return (
+                    f"{ov.input_line}: {prefix} is null in this config, so it has no keys to set. "
+                    f"Choose a config where {prefix} is set, or set {prefix} itself."
+                )
+            if node == "<absent>":
+                break
+    return None
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[dict] = None) -> tuple[str, ...]:
+    """What this run changes: group choices other than the default, a recipe's keys, and every key
+    set on the command line with its resulting value. ``choices``: Hydra's group choices (default:
+    the composed config's hydra.runtime.choices)."""
+    from omegaconf import OmegaConf
+
+    out = []
+    if choices is None:
+        choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    defaults = default_choices()
+    for g in GROUPS:
+        choice = choices.get(g)
+        if g == "recipe" or choice is None or choice == defaults.get(g):
+            continue
+        out.append(f"{g}={choice} (default {defaults.get(g)})")
+    recipe = choices.get("recipe")
+    if recipe:
+        path = recipes_dir() / f"{recipe}.yaml"
+        keys = []
+        if path.is_file():
+            node = OmegaConf.to_container(OmegaConf.load(path))
+            node.pop("defaults", None)
+            from rlhf.spec.build import flatten
+
+            keys = [f"{k}={v}" for k, v in flatten(node).items()]
+        out.append(f"recipe={recipe}" + (f": {' '.join(keys)}" if keys else ""))
+    try:
+        parsed = parse_overrides(overrides)
+    except Exception:
+        parsed = []
+    for ov in parsed:
+        key = ov.key_or_group
+        if key in GROUPS + INTERNAL_GROUPS or key.startswith("hydra.") or key == "hydra":
+            continue
+        if ov.is_delete():
+            out.append(f"~{key} (removed)")
+            continue
+        value = OmegaConf.select(cfg, key, default=None)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
+        out.append(f"{key}={value}")
+    return tuple(out)
+
+
+def run_dir_for(cfg: Any) -> str:
+    """A fresh run directory from hydra.run.dir (outputs/<date>/<time>), made unique."""
+    from omegaconf import OmegaConf
+
+    pattern = OmegaConf.select(cfg, "hydra.run.dir", default=None)
+    base = str(pattern) if pattern else os.path.join("outputs", datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    path, i = base, 1
+    while os.path.exists(path):
+        path, i = f"{base}-{i}", i + 1
+    return path
+
+
+def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
+               choices: Optional[dict] = None):
+    """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
+    if the primary config did not come from the shipped groups."""
+    from omegaconf import open_dict
 
     from rlhf.spec.build import build
 
     with open_dict(cfg):
         if plan:
             cfg.mode = "plan"
+        saved = cfg.get("output_dir")
+        if saved and config_dir and Path(str(saved)).resolve() == Path(config_dir).resolve():
+            # Rerunning a run's saved config: the same config, in a new run dir of its own.
+            cfg.output_dir = None
         if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
             cfg.output_dir = run_dir_for(cfg)
-    user = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-    return build(user, overrides=tuple(o for o in overrides if o != "--plan"))
+    changes = changes_from_defaults(cfg, overrides, choices) if config_dir is None else tuple(
+        f"{o} (on {Path(config_dir).name}/config)" for o in overrides
+    )
+    return build(cfg, overrides=tuple(overrides), changes=changes)
 
 
-def execute(spec) -> int:
-    """Plan or run a built spec; the return value is the process exit code."""
+# ----------------------------------------------------------------------------- run
+
+
+def execute(spec: Any) -> int:
+    """Plan or run a built spec; the return value is the process exit code.
+
+    The sweep (rlhf/sweep.py) calls this for every job too.
+    """
     if spec.mode == "plan":
         from rlhf.spec.plan import render_plan
 
-        print(render_plan(spec))
+        print(render_plan(spec), flush=True)
         return 0
+    from rlhf.spec.errors import UserError
+
+    if spec.hardware.accelerator == "cuda":
+        from rlhf.spec.memory import estimate
+        from rlhf.spec.plan import warnings
+
+        for w in warnings(spec, estimate(spec)):
+            print(f"warning: {w}", file=sys.stderr)
+    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
     from rlhf.run import run
 
-    return run(spec)
+    try:
+        return int(run(spec) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_CONFIG)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from rlhf.spec.errors import SpecError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         print(render_help())
         return 0
-    overrides, opts, plan, multirun = _split_args(argv)
-    if multirun:
-        from rlhf.sweep import multirun_main
-
-        return multirun_main(overrides, opts, plan)
-
-    from rlhf.spec.errors import SpecError
-
     try:
-        cfg = compose(
-            overrides,
-            config_dir=opts.get("-cp") or opts.get("--config-path") or opts.get("-cd") or opts.get("--config-dir"),
-            config_name=opts.get("-cn") or opts.get("--config-name") or "config",
-        )
-        spec = build_spec(cfg, overrides, plan)
+        args = parse_args(argv)
+        if args.multirun:
+            from rlhf.sweep import multirun_main
+
+            return multirun_main(args)
+        cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+        spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
     except SpecError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG
     return execute(spec)
 
 
 def entrypoint() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:  # rlhf-run --plan | head
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

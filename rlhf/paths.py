@@ -1,27 +1,42 @@
-"""Where the shipped config groups and recipes are, in a source checkout and after `pip install .`."""
+"""Where the shipped config groups and recipes are, in a source checkout and after `pip install .`.
+
+A source checkout (an editable install, or the tests) has ``conf/`` and ``recipes/`` at the top of
+the repository. A built wheel carries them inside the package as ``rlhf/_conf`` and
+``rlhf/_recipes`` (setup.py maps the folders to those data packages).
+"""
 
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
+PACKAGE_DIR = Path(__file__).resolve().parent
 
-def _shipped(package: str, top_level: str) -> Path:
-    # A source checkout (editable install, tests) has the folders at the repo's top level; a built
-    # wheel carries them as the data packages rlhf._conf and rlhf._recipes (see pyproject.toml).
-    here = Path(__file__).resolve().parent.parent / top_level
-    if here.is_dir():
-        return here
-    return Path(str(resources.files(package)))
+
+def _shipped(inside: str, top_level: str) -> Path:
+    installed = PACKAGE_DIR / inside
+    if installed.is_dir():
+        return installed
+    checkout = PACKAGE_DIR.parent / top_level
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(
+        f"neither {installed} nor {checkout} exists: rlhf is installed without its {top_level}/ folder "
+        "(reinstall with `pip install .` from the repository)"
+    )
 
 
 def conf_dir() -> Path:
-    return _shipped("rlhf._conf", "conf")
+    """The config groups (config.yaml, algo/, placement/, model/, hardware/, ...)."""
+    return _shipped("_conf", "conf")
 
 
 def recipes_dir() -> Path:
-    return _shipped("rlhf._recipes", "recipes")
+    """Checked-in experiments, each a `# @package _global_` YAML selected with recipe=<name>."""
+    try:
+        return _shipped("_recipes", "recipes")
+    except FileNotFoundError:
+        return PACKAGE_DIR / "_recipes"  # no recipes: an empty group
 
 
 def cache_dir() -> Path:

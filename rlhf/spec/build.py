@@ -70,7 +70,8 @@ class RunSpec(S.Frozen):
     batch: BatchPlan
     layout: Layout
     rollout_engine: str  # resolved: hf | vllm
-    overrides: tuple[str, ...] = field(default_factory=tuple)  # what the user changed
+    overrides: tuple[str, ...] = field(default_factory=tuple)  # the command line's overrides
+    changes: tuple[str, ...] = field(default_factory=tuple)  # what differs from the defaults (for the plan)
 
     @property
     def device(self) -> str:
@@ -80,38 +81,136 @@ class RunSpec(S.Frozen):
 # ----------------------------------------------------------------------------- typing
 
 
-def typed_config(cfg: DictConfig) -> dict[str, Any]:
-    """Merge ``cfg`` onto the schemas and return the dataclass sections (or raise SpecError)."""
-    cfg = cfg.copy()
-    OmegaConf.set_struct(cfg, False)
-    cfg.pop("hydra", None)
-    kind = OmegaConf.select(cfg, "algo.kind", default=None)
+def algo_schema(cfg: Any) -> type:
+    """The dataclass of the config's algo section, picked by ``algo.kind`` (or a known name)."""
+    kind = OmegaConf.select(cfg, "algo.kind", default=None) if isinstance(cfg, DictConfig) else (
+        (cfg.get("algo") or {}).get("kind") if isinstance(cfg, dict) else None
+    )
     if kind is None:
-        name = OmegaConf.select(cfg, "algo.name", default="")
+        name = OmegaConf.select(cfg, "algo.name", default="") if isinstance(cfg, DictConfig) else (
+            (cfg.get("algo") or {}).get("name", "") if isinstance(cfg, dict) else ""
+        )
         kind = name if name in ("dpo", "rm", "sft") else "rl"
-    algo_cls = S.ALGO_SCHEMAS.get(kind)
-    if algo_cls is None:
-        raise SpecError([f"algo.kind={kind!r} is unknown. Choose one of: {', '.join(S.ALGO_SCHEMAS)}."])
-    schema = OmegaConf.structured(S.RunConfig)
-    schema.algo = OmegaConf.structured(algo_cls)
+    cls = S.ALGO_SCHEMAS.get(kind)
+    typed = OmegaConf.get_type(cfg, "algo") if isinstance(cfg, DictConfig) and "algo" in cfg else None
+    if cls is None or (typed in S.ALGO_SCHEMAS.values() and typed is not cls):
+        raise SpecError([
+            f"algo.kind={kind!r} cannot be set: the algorithm's group file fixes it "
+            f"({', '.join(f'{c.__name__}: {k}' for k, c in S.ALGO_SCHEMAS.items())}). "
+            "Choose the algorithm with algo=<name> instead."
+        ])
+    return cls
+
+
+def typed_config(cfg: Any) -> dict[str, Any]:
+    """A composed config (DictConfig or plain dict) → the dataclass sections (or raise SpecError).
+
+    This is the one ``OmegaConf.to_object`` of a run. A config that Hydra composed is already typed
+    by the schemas in the ConfigStore, so it converts directly; anything else (a saved run config,
+    a dict built in a test) is merged onto the schemas first, which checks every key and type.
+    """
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.create(cfg)
+    algo_cls = algo_schema(cfg)
     try:
-        merged = OmegaConf.merge(schema, cfg)
-        obj = OmegaConf.to_object(merged)
+        obj = None
+        if OmegaConf.get_type(cfg) is S.RunConfig and OmegaConf.get_type(cfg, "algo") is algo_cls:
+            keys = [k for k in cfg.keys() if k != "hydra"]
+            obj = OmegaConf.to_object(OmegaConf.masked_copy(cfg, keys) if "hydra" in cfg else cfg)
+        if not isinstance(obj, S.RunConfig) or not isinstance(obj.algo, algo_cls):
+            plain = cfg.copy()
+            OmegaConf.set_struct(plain, False)
+            plain.pop("hydra", None)
+            schema = OmegaConf.structured(S.RunConfig)
+            schema.algo = OmegaConf.structured(algo_cls)
+            obj = OmegaConf.to_object(OmegaConf.merge(schema, plain))
     except OmegaConfBaseException as e:
-        raise SpecError([_omegaconf_message(e)]) from None
+        raise SpecError([omegaconf_message(e)]) from None
+    # Keys forced in with ++ are dropped by to_object without a word: name them instead.
+    given = flatten({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "hydra"})
+    known = flatten(to_dict(obj))
+    prefixes = {".".join(k.split(".")[:i]) for k in known for i in range(1, k.count(".") + 2)}
+    extra = sorted({
+        next(".".join(k.split(".")[:i]) for i in range(1, k.count(".") + 2)
+             if ".".join(k.split(".")[:i]) not in prefixes)
+        for k in given
+        if k not in known and not any(k.startswith(p + ".") for p in known)
+    })
+    if extra:
+        raise SpecError([unknown_key_message(k, _schema_at(obj, k.rsplit(".", 1)[0]) if "." in k else S.RunConfig)
+                         for k in extra])
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def _omegaconf_message(e: OmegaConfBaseException) -> str:
+def _schema_at(obj: Any, path: str) -> Optional[type]:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return type(obj) if dataclasses.is_dataclass(obj) else None
+
+
+def omegaconf_message(e: OmegaConfBaseException, value: Any = None) -> str:
+    """One line for an OmegaConf error: the key path, the value, what was expected."""
     key = getattr(e, "full_key", None) or ""
-    msg = str(e).split("\n")[0]
+    msg = str(e).split("\n")[0].strip()
     if "Missing mandatory value" in msg:
-        return f"{key} is required but not set. Set it, e.g. `{key}=...`."
-    if "Key" in msg and "not in" in msg:
-        return f"{key} is not a config key. {msg}. Check the spelling, or `rlhf-run --help`."
-    if "Value" in msg and ("could not be converted" in msg or "is not a valid" in msg or "Invalid" in msg):
-        return f"{key}: {msg}"
+        return f"{key} is required but not set. Set it, e.g. {key}=..."
+    if "not in" in msg and "Key" in msg:
+        obj = getattr(e, "object_type", None)
+        return unknown_key_message(key, obj)
+    expected = _expected_type(e)
+    got = value if value is not None else _value_in(msg)
+    if expected:
+        return f"{key}={got}: expected {expected}, got {got!r}. Give {_example(expected)}."
     return f"{key}: {msg}" if key else msg
+
+
+def unknown_key_message(key: str, schema: Optional[type] = None) -> str:
+    """``key`` is not a field of ``schema``: say so, with the closest fields."""
+    import difflib
+
+    leaf = key.rsplit(".", 1)[-1]
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    fields = [f.name for f in dataclasses.fields(schema)] if schema is not None and dataclasses.is_dataclass(schema) else []
+    close = difflib.get_close_matches(leaf, fields, n=3, cutoff=0.6)
+    where = f" of {parent} ({schema.__name__})" if parent and schema is not None else ""
+    hint = f" Did you mean {' or '.join((parent + '.' if parent else '') + c for c in close)}?" if close else ""
+    known = f" Known keys: {', '.join(fields)}." if fields and not close else ""
+    return f"{key} is not a config key{where}.{hint}{known}"
+
+
+def _expected_type(e: OmegaConfBaseException) -> str:
+    ref = getattr(e, "ref_type", None)
+    text = str(e)
+    for name, word in (("Float", "a float"), ("Integer", "an integer"), ("Boolean", "a boolean (true/false)"),
+                       ("String", "a string")):
+        if f"to {name}" in text or f"converted to {name}" in text:
+            return word
+    if ref is not None:
+        r = str(ref)
+        for t, word in (("float", "a float"), ("int", "an integer"), ("bool", "a boolean (true/false)"), ("str", "a string")):
+            if r in (t, f"Optional[{t}]", f"<class '{t}'>"):
+                return word
+        if dataclasses.is_dataclass(ref):
+            return f"a {ref.__name__} section (a mapping of keys)"
+        if "List" in r or "list" in r:
+            return "a list, e.g. [a, b]"
+    return ""
+
+
+def _example(expected: str) -> str:
+    return {
+        "a float": "a number such as 1e-6 or 0.2",
+        "an integer": "a whole number such as 8",
+        "a boolean (true/false)": "true or false",
+        "a string": "a quoted string",
+    }.get(expected, expected)
+
+
+def _value_in(msg: str) -> str:
+    # OmegaConf: "Value 'abc' of type 'str' could not be converted to Float"
+    if msg.startswith("Value '"):
+        return msg[len("Value '"):].split("'", 1)[0]
+    return "?"
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -201,9 +300,23 @@ def plan_batch(algo: Any, train: S.TrainSpec, world: int) -> BatchPlan:
 # ----------------------------------------------------------------------------- build
 
 
-def build(cfg: DictConfig, overrides: tuple[str, ...] = ()) -> RunSpec:
-    """Type, validate (every problem at once), derive and freeze. Raises SpecError."""
-    sections = typed_config(cfg)
+def build(cfg: Any, overrides: tuple[str, ...] = (), changes: tuple[str, ...] = ()) -> RunSpec:
+    """Composed config → typed, validated (every problem at once), derived, frozen. Raises SpecError.
+
+    ``cfg`` is what Hydra composed (a DictConfig), or a plain dict such as ``config_dict`` of an
+    earlier spec: ``build(config_dict(spec))`` gives back the same spec.
+    """
+    return build_sections(typed_config(cfg), overrides=overrides, changes=changes)
+
+
+def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), changes: tuple[str, ...] = ()) -> RunSpec:
+    """The typed sections (``typed_config``'s result, consumed) → frozen RunSpec. Raises SpecError."""
+    algo_cls = S.ALGO_SCHEMAS.get(getattr(sections["algo"], "kind", None))
+    if algo_cls is None or not isinstance(sections["algo"], algo_cls):
+        raise SpecError([
+            f"algo.kind={getattr(sections['algo'], 'kind', None)!r} does not match the algo section "
+            f"({type(sections['algo']).__name__}). Choose the algorithm with algo=<name>, not algo.kind."
+        ])
     roles = needed_roles(sections["algo"], sections["reward"])
     problems = validate(sections, roles)
     if problems:
@@ -220,21 +333,40 @@ def build(cfg: DictConfig, overrides: tuple[str, ...] = ()) -> RunSpec:
         layout=layout,
         rollout_engine=engine,
         overrides=tuple(overrides),
+        changes=tuple(changes),
     )
     return freeze(spec)
 
 
+class FrozenDict(dict):
+    """A dict that refuses writes (the spec's mappings); pickles as itself for Ray."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("the run spec is frozen: change the config instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (FrozenDict, (dict(self),))
+
+    def __deepcopy__(self, memo: Any) -> "FrozenDict":
+        import copy
+
+        return FrozenDict({k: copy.deepcopy(v, memo) for k, v in self.items()})
+
+
 def freeze(obj: Any) -> Any:
-    """Freeze a spec tree in place: dataclasses refuse writes, lists become tuples."""
+    """Freeze a spec tree in place: dataclasses refuse writes, lists become tuples, dicts FrozenDicts."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             object.__setattr__(obj, f.name, freeze(getattr(obj, f.name)))
         object.__setattr__(obj, "_frozen", True)
         return obj
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):
         return tuple(freeze(x) for x in obj)
     if isinstance(obj, dict):
-        return {k: freeze(v) for k, v in obj.items()}
+        return FrozenDict({k: freeze(v) for k, v in obj.items()})
     return obj
 
 

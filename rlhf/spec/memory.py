@@ -1,29 +1,40 @@
-"""Per-device memory estimate of a run, by phase. The formulas are documented in docs/memory.md.
+"""Per-device memory estimate of a run. Every formula here is written out in docs/memory.md.
 
 All figures are GB (1e9 bytes). Estimates, not measurements: they aim to catch plans that cannot
-fit, not to predict the allocator to the megabyte.
+fit and to show where the memory goes, not to predict the allocator to the megabyte.
+
+Hybrid placement has two phases on every GPU (training, generation); disaggregated placement has
+one figure per role, for the GPUs of that role. ``estimate`` returns both kinds as
+``{name: {part: GB}}`` so the plan and the tests read them the same way.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlhf.spec.schema import ModelSpec
 
 GB = 1e9
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# Runtime overhead per process on a GPU: CUDA context, NCCL buffers, allocator slack.
+# Runtime overhead per GPU process: CUDA context, NCCL buffers, allocator slack.
 CUDA_OVERHEAD_GB = 2.0
-# A sleeping vLLM engine (level 1) keeps its CUDA context and graph pool.
+# A sleeping vLLM engine (sleep level 1) keeps its CUDA context and CUDA-graph pool.
 VLLM_ASLEEP_GB = 1.0
-FIT_MARGIN = 0.95  # plans above 95% of device memory are reported as not fitting
+# Plans above this share of device memory are reported as not fitting.
+FIT_MARGIN = 0.95
+# Activation bytes per token per hidden unit of one transformer layer at 16 bits (Korthikanti et
+# al. 2022, with flash attention so no s² term).
+ACT_BYTES_PER_LAYER = 34
 
 
 def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
     """Parameters of a Llama/Qwen-shaped decoder from its architecture numbers.
 
     embed = V·h; per layer: q,o = 2h², k,v = 2·h·(h/heads·kv_heads), MLP = 3·h·I, norms = 2h;
-    final norm h; LM head V·h unless tied (a critic or reward model replaces it with h·1).
+    final norm h; LM head V·h unless tied; a critic or reward model has a value head h·1 instead.
+    (Attention biases, as in Qwen2.5, are left out: under 0.01 % of the total.)
     """
     h, head_dim = m.hidden, m.hidden // m.n_heads
     attn = 2 * h * h + 2 * h * head_dim * m.n_kv_heads
@@ -33,28 +44,13 @@ def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
     return body + head
 
 
-@dataclass
-class Estimate:
-    """GB per device for each phase, with the parts that make it up."""
-
-    train: dict[str, float] = field(default_factory=dict)
-    generate: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def train_total(self) -> float:
-        return sum(self.train.values())
-
-    @property
-    def generate_total(self) -> float:
-        return sum(self.generate.values())
-
-
 def trained_model_gb(params: int, shards: int, zero_stage: int, offload_optimizer: bool, dtype: str) -> dict[str, float]:
     """Weights, gradients and Adam state of a trained model on one device (Rajbhandari et al. 2020).
 
-    Mixed precision keeps 16-bit weights (2P) and gradients (2P) plus fp32 master weights, momentum
-    and variance (12P); pure fp32 keeps 4P + 4P + 8P. ZeRO-1 shards the optimizer state over the
-    data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+    Mixed precision (16-bit weights) keeps weights 2P + gradients 2P + fp32 master weights,
+    momentum and variance 12P; pure fp32 keeps 4P + 4P + Adam 8P. ZeRO-1 shards the optimizer state
+    over the data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights. An offloaded
+    optimizer lives in host memory.
     """
     b = DTYPE_BYTES[dtype]
     w, g = b * params, b * params
@@ -71,99 +67,152 @@ def trained_model_gb(params: int, shards: int, zero_stage: int, offload_optimize
     return {"weights": w / GB, "grads": g / GB, "optimizer": opt / GB}
 
 
-def activations_gb(m: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """Activation memory of one micro-batch (Korthikanti et al. 2022, flash attention, no TP).
+def frozen_model_gb(params: int, shards: int, zero_stage: int, dtype: str) -> float:
+    """A model that only runs forward (reference, reward model): its weights, sharded at ZeRO-3."""
+    return DTYPE_BYTES[dtype] * params / (max(shards, 1) if zero_stage >= 3 else 1) / GB
 
-    Per layer s·b·h·34 bytes at 16 bits; with gradient checkpointing only each layer's input
-    (2·s·b·h) is kept plus one layer recomputed. The fp32 logits and their gradient add 8·s·b·V.
+
+def activations_gb(m: ModelSpec, micro_batch: int, seq_len: int, lm_head: bool = True) -> float:
+    """Activation memory of one training micro-batch (Korthikanti et al. 2022, flash attention, no TP).
+
+    Per layer 34·s·b·h bytes at 16 bits; with gradient checkpointing only each layer's input
+    (2·s·b·h) is kept, plus one layer being recomputed (34·s·b·h). fp32 weights double it. A model
+    with an LM head adds its fp32 logits and their gradient, 8·s·b·V.
     """
     sbh = seq_len * micro_batch * m.hidden
     scale = DTYPE_BYTES[m.dtype] / 2
     if m.gradient_checkpointing:
-        layers = (2 * sbh * m.n_layers + 34 * sbh) * scale
+        layers = (2 * sbh * m.n_layers + ACT_BYTES_PER_LAYER * sbh) * scale
     else:
-        layers = 34 * sbh * m.n_layers * scale
-    logits = 8 * seq_len * micro_batch * m.vocab
+        layers = ACT_BYTES_PER_LAYER * sbh * m.n_layers * scale
+    logits = 8 * seq_len * micro_batch * m.vocab if lm_head else 0
     return (layers + logits) / GB
 
 
-def estimate(spec) -> Estimate:
-    """Per-device memory of the busiest device, in the training and the generation phase."""
-    m, train, pl, hw = spec.model, spec.train, spec.placement, spec.hardware
+def logits_gb(m: ModelSpec, micro_batch: int, seq_len: int) -> float:
+    """A forward-only pass (reference log-probs): the fp32 logits of one micro-batch, 4·s·b·V."""
+    return 4 * seq_len * micro_batch * m.vocab / GB
+
+
+@dataclass
+class Estimate:
+    """GB per device: ``figures[name][part]``. Hybrid names: "training phase", "generation phase";
+    disaggregated names: the roles ("actor", "critic", "reference", "reward", "rollout")."""
+
+    mode: str
+    figures: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def total(self, name: str) -> float:
+        return sum(self.figures[name].values())
+
+    @property
+    def totals(self) -> dict[str, float]:
+        return {k: self.total(k) for k in self.figures}
+
+
+def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
+    """vLLM on one GPU: weights / TP, and its KV cache + activations filling the rest of its share."""
+    hw, m = spec.hardware, spec.model
+    weights = DTYPE_BYTES[m.dtype] * p_policy / spec.layout.rollout_tp / GB
+    share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+    return {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
+
+
+def estimate(spec: Any) -> Estimate:
+    """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated)."""
+    m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
     seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
-    layout = spec.layout
-    est = Estimate()
+    micro = spec.batch.micro_batch_size
     cuda = hw.accelerator == "cuda"
+    runtime = {"runtime": CUDA_OVERHEAD_GB} if cuda else {}
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
-    actor_ranks = layout.world_size("actor")
-    tp = layout.rollout_tp
-    vllm_share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb if "rollout" in spec.roles else 0.0
+    z, off = train.zero_stage, train.offload_optimizer
 
-    train_parts: dict[str, float] = {}
-    for part, gb in trained_model_gb(p_policy, actor_ranks, train.zero_stage, train.offload_optimizer, m.dtype).items():
-        train_parts[f"actor {part}"] = gb
-    train_parts["activations"] = activations_gb(m, spec.batch.micro_batch_size, seq)
-    if "critic" in spec.roles:
-        ranks = layout.world_size("critic")
-        crit = trained_model_gb(p_value, ranks, train.zero_stage, train.offload_optimizer, m.dtype)
-        train_parts["critic states"] = sum(crit.values())
-    if "reference" in spec.roles:
-        ranks = layout.world_size("reference")
-        shard = ranks if train.zero_stage == 3 else 1
-        train_parts["reference weights"] = DTYPE_BYTES[m.dtype] * p_policy / shard / GB
-    if "reward" in spec.roles:
-        ranks = layout.world_size("reward")
-        shard = ranks if train.zero_stage == 3 else 1
-        train_parts["reward model weights"] = DTYPE_BYTES[m.dtype] * p_value / shard / GB
-    if cuda:
-        train_parts["runtime"] = CUDA_OVERHEAD_GB
+    def states(role: str, params: int) -> dict[str, float]:
+        parts = trained_model_gb(params, lay.world_size(role), z, off, m.dtype)
+        return {f"{role} {k}": v for k, v in parts.items()}
 
-    gen_parts: dict[str, float] = {}
-    if "rollout" in spec.roles:
-        gen_parts["vLLM weights"] = DTYPE_BYTES[m.dtype] * p_policy / tp / GB if cuda else 0.0
-        if cuda:
-            gen_parts["vLLM KV cache + activations"] = max(vllm_share - gen_parts["vLLM weights"], 0.0)
+    actor = states("actor", p_policy)
+    actor_act = {"activations": activations_gb(m, micro, seq)}
+    critic = states("critic", p_value) if "critic" in spec.roles else {}
+    reference = (
+        {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)}
+        if "reference" in spec.roles else {}
+    )
+    reward = (
+        {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)}
+        if "reward" in spec.roles else {}
+    )
+    rollout = "rollout" in spec.roles
 
+    est = Estimate(mode=pl.mode)
     if pl.mode == "hybrid":
-        # Both phases live on every device: what the idle side keeps resident is added to each phase.
-        if "rollout" in spec.roles and cuda:
-            train_parts["vLLM asleep" if pl.sleep_rollout else "vLLM (awake)"] = (
-                VLLM_ASLEEP_GB if pl.sleep_rollout else vllm_share
-            )
-        if pl.offload_train_state:
-            resident = 0.0
-        else:
-            resident = sum(v for k, v in train_parts.items() if k not in ("activations", "runtime") and "vLLM" not in k)
-        if "rollout" in spec.roles:
-            gen_parts["training state (resident)" if resident else "training state (offloaded)"] = resident
-            if cuda:
-                gen_parts["runtime"] = CUDA_OVERHEAD_GB
-        est.train, est.generate = train_parts, gen_parts
+        # Every GPU holds every role; one phase runs at a time. Critic activations never coexist
+        # with the actor's (the updates run one after the other), so one activations term.
+        train_phase = {**actor, **critic, **reference, **reward, **actor_act, **runtime}
+        if rollout and cuda:
+            if pl.sleep_rollout:
+                train_phase["vLLM asleep"] = VLLM_ASLEEP_GB
+            else:
+                train_phase["vLLM (awake)"] = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+        est.figures["training phase"] = train_phase
+        if rollout:
+            gen = _vllm_parts(spec, p_policy) if cuda else {}
+            resident = 0.0 if pl.offload_train_state else sum({**actor, **critic, **reference, **reward}.values())
+            gen["training state (resident)" if resident else "training state (offloaded)"] = resident
+            gen.update(runtime)
+            est.figures["generation phase"] = gen
         return est
 
-    # Disaggregated: the busiest training device holds the actor; rollout devices hold vLLM only.
-    est.train = {k: v for k, v in train_parts.items() if not k.startswith(("critic", "reference", "reward"))}
-    if "rollout" in spec.roles and cuda:
-        gen_parts["runtime"] = CUDA_OVERHEAD_GB
-    est.generate = gen_parts
+    # Disaggregated: each role on its own GPUs; a figure for one GPU of each.
+    est.figures["actor"] = {**actor, **actor_act, **runtime}
+    if critic:
+        est.figures["critic"] = {**critic, "activations": activations_gb(m, micro, seq, lm_head=False), **runtime}
+    if reference:
+        est.figures["reference"] = {**reference, "logits": logits_gb(m, micro, seq), **runtime}
+    if reward:
+        est.figures["reward"] = {**reward, **runtime}
+    if rollout:
+        est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
     return est
 
 
-def role_memory_gb(spec, est: Estimate) -> dict[str, float]:
-    """Disaggregated plans: GB per device for each role's own devices."""
-    m, train = spec.model, spec.train
-    out = {"actor": est.train_total}
-    for role, params in (("critic", param_count(m, False)), ("reference", param_count(m)), ("reward", param_count(m, False))):
-        if role not in spec.roles:
-            continue
-        ranks = spec.layout.world_size(role)
-        if role == "critic":
-            gb = sum(trained_model_gb(params, ranks, train.zero_stage, train.offload_optimizer, m.dtype).values())
-            gb += activations_gb(m, spec.batch.micro_batch_size, spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens)
-        else:
-            shard = ranks if train.zero_stage == 3 else 1
-            gb = DTYPE_BYTES[m.dtype] * params / shard / GB
-        out[role] = gb + (CUDA_OVERHEAD_GB if spec.hardware.accelerator == "cuda" else 0.0)
-    if "rollout" in spec.roles:
-        out["rollout"] = est.generate_total
-    return out
+# ----------------------------------------------------------------------------- advice
+
+
+def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None = None) -> int:
+    """About how many GPUs of this size a training figure (hybrid "training phase", or the actor,
+    critic, reference or reward role) needs at ZeRO-3, where all model states shard over the GPUs
+    and activations, runtime and a sleeping engine do not. 0: the unsharded parts alone do not fit."""
+    m = spec.model
+    b = DTYPE_BYTES[m.dtype]
+    off = spec.train.offload_optimizer if offload_optimizer is None else offload_optimizer
+    trained = 2 * b + (0 if off else (12 if b == 2 else 8))  # bytes per parameter
+    p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
+    hybrid = name == "training phase"
+    sharded = 0.0
+    if hybrid or name == "actor":
+        sharded += trained * p_policy
+    if (hybrid and "critic" in spec.roles) or name == "critic":
+        sharded += trained * p_value
+    if (hybrid and "reference" in spec.roles) or name == "reference":
+        sharded += b * p_policy
+    if (hybrid and "reward" in spec.roles) or name == "reward":
+        sharded += b * p_value
+    fixed = sum(v for k, v in est.figures[name].items() if not k.endswith(("weights", "grads", "optimizer")))
+    room = spec.hardware.device_memory_gb * FIT_MARGIN - fixed
+    return math.ceil(sharded / GB / room) if room > 0 else 0
+
+
+def min_tensor_parallel(spec: Any) -> int:
+    """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
+    share for the KV cache; 0 if none does."""
+    from rlhf.spec.validate import tp_splits_heads
+
+    m, hw = spec.model, spec.hardware
+    share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+    weights = DTYPE_BYTES[m.dtype] * param_count(m) / GB
+    for tp in range(1, hw.devices_per_node + 1):
+        if hw.devices_per_node % tp == 0 and tp_splits_heads(m, tp) and weights / tp <= share / 2:
+            return tp
+    return 0

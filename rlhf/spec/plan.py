@@ -1,102 +1,195 @@
-"""The plan: what a run will do, printed before anything starts (no Ray, no torch)."""
+"""The plan: what a run will do, printed before anything starts (no Ray, no torch, no GPU).
+
+    rlhf-run algo=grpo model=llama3-8b hardware=8xh100 --plan
+
+It shows what differs from the defaults, the batch math, which device holds which role, the
+memory per GPU by phase (hybrid) or role (disaggregated) with the parts that make it up, and
+warnings: a figure that will not fit (with what to change), vLLM weights that leave no KV cache,
+idle devices.
+"""
 
 from __future__ import annotations
 
-from rlhf.spec.memory import FIT_MARGIN, estimate, param_count, role_memory_gb
+import math
+from typing import Any
+
+from rlhf.spec.memory import (
+    DTYPE_BYTES,
+    FIT_MARGIN,
+    GB,
+    Estimate,
+    estimate,
+    min_gpus,
+    min_tensor_parallel,
+    param_count,
+)
+
+TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
 
 
 def _ranges(devs: tuple[int, ...]) -> str:
     if not devs:
         return "-"
-    if list(devs) == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1:
+    if len(devs) > 1 and list(devs) == list(range(devs[0], devs[-1] + 1)):
         return f"{devs[0]}-{devs[-1]}"
     return ",".join(str(d) for d in devs)
 
 
 def _parts(parts: dict[str, float]) -> str:
-    return " + ".join(f"{k} {v:.1f}" for k, v in parts.items() if v >= 0.05) or "0"
+    shown = [f"{k} {v:.1f}" for k, v in parts.items() if v >= 0.05]
+    return " + ".join(shown) or "0"
 
 
-def warnings(spec, est) -> list[str]:
+def fits(spec: Any, est: Estimate) -> bool:
+    if spec.hardware.accelerator != "cuda":
+        return True
+    cap = spec.hardware.device_memory_gb * FIT_MARGIN
+    return all(total <= cap for total in est.totals.values())
+
+
+def _advice(spec: Any, est: Estimate, name: str) -> str:
+    """What to change when the figure ``name`` does not fit."""
+    hw, train, m, pl = spec.hardware, spec.train, spec.model, spec.placement
+    parts = est.figures[name]
+    tips: list[str] = []
+    if name in TRAINING_FIGURES:
+        if train.zero_stage < 3:
+            tips.append("train.zero_stage=3")
+        optimizer = sum(v for k, v in parts.items() if k.endswith("optimizer"))
+        if optimizer > 0:
+            tips.append(f"train.offload_optimizer=true (saves {optimizer:.0f} GB)")
+        if name in ("training phase", "actor", "critic"):
+            if not m.gradient_checkpointing:
+                tips.append("model.gradient_checkpointing=true")
+            if spec.batch.micro_batch_size > 1:
+                tips.append(f"train.micro_batch_size={max(spec.batch.micro_batch_size // 2, 1)}")
+        n = min_gpus(spec, est, name)
+        where = "in all" if name == "training phase" else f"for the {name} (placement.{name}=N)"
+        if n:
+            more = f"about {n} GPUs of {hw.device_memory_gb:g} GB {where} at ZeRO-3"
+            if optimizer > 0:
+                n_off = min_gpus(spec, est, name, offload_optimizer=True)
+                if n_off and n_off < n:
+                    more += f" ({n_off} with the optimizer offloaded)"
+            tips.append(more)
+        else:
+            tips.append("a smaller model or sequence length: activations and runtime alone do not fit")
+    else:  # generation phase / rollout
+        weights = parts.get("vLLM weights", 0.0)
+        share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+        if weights > share / 2:
+            tp = min_tensor_parallel(spec)
+            if tp > spec.layout.rollout_tp:
+                tips.append(f"placement.rollout.tensor_parallel={tp}")
+            elif not tp:
+                full = DTYPE_BYTES[m.dtype] * param_count(m) / GB
+                need = 1 << max(math.ceil(full / (share / 2)) - 1, 0).bit_length()
+                tips.append(
+                    f"hardware with {need} or more GPUs per node, for placement.rollout.tensor_parallel={need} "
+                    f"(vLLM's weights are {full:.0f} GB in all)"
+                )
+        if pl.mode == "hybrid" and not pl.offload_train_state:
+            tips.append("placement.offload_train_state=true")
+        if spec.rollout.gpu_memory_utilization > 0.3 and weights <= share / 2:
+            tips.append(f"rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization - 0.1:.1f}")
+    return "Try " + "; ".join(tips) + "." if tips else "Use more GPUs or a smaller model."
+
+
+def warnings(spec: Any, est: Estimate) -> list[str]:
     out = []
-    hw = spec.hardware
+    hw, lay = spec.hardware, spec.layout
     if hw.accelerator == "cuda":
         cap = hw.device_memory_gb * FIT_MARGIN
-        if spec.placement.mode == "hybrid":
-            for phase, total in (("training", est.train_total), ("generation", est.generate_total)):
-                if total > cap:
-                    out.append(
-                        f"✗ does not fit: the {phase} phase needs ~{total:.0f} GB per GPU, the GPU has "
-                        f"{hw.device_memory_gb:.0f} GB. {_fix(spec)}"
-                    )
-        else:
-            for role, gb in role_memory_gb(spec, est).items():
-                if gb > cap:
-                    out.append(
-                        f"✗ does not fit: {role} needs ~{gb:.0f} GB per GPU, the GPU has {hw.device_memory_gb:.0f} GB. "
-                        f"{_fix(spec)}"
-                    )
-    used = set()
-    for devs in spec.layout.roles.values():
+        for name, total in est.totals.items():
+            if total > cap:
+                what = f"the {name}" if name.endswith("phase") else f"each {name} GPU"
+                out.append(
+                    f"✗ does not fit: {what} needs ~{total:.0f} GB, the GPU has {hw.device_memory_gb:g} GB "
+                    f"({FIT_MARGIN:.0%} usable). {_advice(spec, est, name)}"
+                )
+        for name, parts in est.figures.items():
+            weights = parts.get("vLLM weights", 0.0)
+            share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+            if weights and weights >= share and est.total(name) <= cap:
+                out.append(
+                    f"✗ vLLM's weights ({weights:.1f} GB per GPU at TP {lay.rollout_tp}) fill its whole share "
+                    f"(rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization:g} × "
+                    f"{hw.device_memory_gb:g} GB = {share:.1f} GB): no room for a KV cache. {_advice(spec, est, name)}"
+                )
+    used: set[int] = set()
+    for devs in lay.roles.values():
         used.update(devs)
-    idle = spec.layout.total_devices - len(used)
+    idle = lay.total_devices - len(used)
     if idle > 0:
-        out.append(f"! {idle} of {spec.layout.total_devices} devices hold no role (idle).")
-    if spec.placement.mode == "hybrid" and spec.layout.engines and len(spec.layout.engines) * spec.layout.rollout_tp < spec.layout.total_devices:
-        out.append("! some devices run no rollout engine in hybrid placement.")
+        out.append(
+            f"! {idle} of {lay.total_devices} devices hold no role (idle): raise the per-role counts "
+            "(placement.actor, placement.rollout.engines, ...) or use placement=hybrid."
+        )
+    if lay.mode == "hybrid" and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
+        spare = lay.total_devices - len(lay.engines) * lay.rollout_tp
+        out.append(
+            f"! {spare} devices run no rollout engine (placement.rollout.engines={len(lay.engines)} × "
+            f"tensor_parallel={lay.rollout_tp}); they idle while the others generate. "
+            "Use placement.rollout.engines=0 (as many as fit)."
+        )
     return out
 
 
-def _fix(spec) -> str:
-    if spec.train.zero_stage < 3:
-        return "Try train.zero_stage=3, model.gradient_checkpointing=true, or more GPUs."
-    if not spec.model.gradient_checkpointing:
-        return "Try model.gradient_checkpointing=true, train.offload_optimizer=true, or more GPUs."
-    if not spec.train.offload_optimizer:
-        return "Try train.offload_optimizer=true, a smaller train.micro_batch_size, or more GPUs."
-    return "Use more GPUs (hardware=...) or a smaller model."
-
-
-def render_plan(spec) -> str:
+def render_plan(spec: Any) -> str:
     a, b, hw, lay = spec.algo, spec.batch, spec.hardware, spec.layout
-    lines = []
-    lines.append(
+    gpu = hw.accelerator == "cuda"
+    lines = [
         f"run: {a.name} · {spec.placement.mode} · {spec.model.name} · {hw.name} "
-        f"({hw.nodes} node × {hw.devices_per_node} {'GPU' if hw.accelerator == 'cuda' else 'CPU slot'}"
-        + (f", {hw.device_memory_gb:g} GB" if hw.accelerator == "cuda" else "")
+        f"({hw.nodes} node{'s' if hw.nodes > 1 else ''} × {hw.devices_per_node} {'GPU' if gpu else 'CPU slot'}"
+        + (f", {hw.device_memory_gb:g} GB each" if gpu else "")
         + ")"
-    )
-    if spec.overrides:
-        lines.append("changed from the defaults: " + " ".join(spec.overrides))
+    ]
+    changes = getattr(spec, "changes", ()) or ()
+    if changes:
+        lines.append("changed from the defaults:")
+        lines.extend(f"  {c}" for c in changes)
+    else:
+        lines.append("changed from the defaults: nothing")
+
     p = param_count(spec.model)
-    lines.append(f"model: {spec.model.path} · {p / 1e9:.2f} B parameters · {spec.model.dtype}")
+    ckpt = " · gradient checkpointing" if spec.model.gradient_checkpointing else ""
+    lines.append(f"model: {spec.model.path} · {p / 1e9:.2f} B parameters · {spec.model.dtype}{ckpt}")
     if a.kind == "rl":
+        kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"
+        critic = f" · critic lr {a.critic.lr:g}" if a.critic is not None else ""
+        lines.append(
+            f"algorithm: {a.name} · advantages {a.estimator} · loss {a.loss_agg} · clip [{a.clip_low:g}, "
+            f"{a.clip_high:g}] · {kl} · lr {a.lr:g}{critic}"
+        )
         lines.append(
             f"batch: {b.prompts_per_step} prompts × {b.group_size} samples = {b.samples_per_step} samples/step → "
             f"{b.optimizer_steps_per_step} optimizer step(s) of {b.mini_batch_size} "
             f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks)"
         )
-        kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"
-        lines.append(f"algorithm: advantages {a.estimator} · loss {a.loss_agg} · clip [{a.clip_low}, {a.clip_high}] · {kl}")
-        lines.append(f"rollout: {spec.rollout_engine} · {spec.rollout.max_prompt_tokens} prompt + "
-                     f"{spec.rollout.max_response_tokens} response tokens · temperature {spec.rollout.temperature:g}")
-    else:
         lines.append(
-            f"batch: {b.prompts_per_step} examples/step (micro {b.micro_batch_size} × {b.grad_accum} accum × "
-            f"{b.train_world_size} ranks)"
+            f"rollout: {spec.rollout_engine} · {spec.rollout.max_prompt_tokens} prompt + "
+            f"{spec.rollout.max_response_tokens} response tokens · temperature {spec.rollout.temperature:g}"
         )
-    lines.append(f"steps: {spec.train.steps} · ZeRO-{spec.train.zero_stage} · seed {spec.train.seed}")
+    else:
+        extra = f" · beta {a.beta:g} · loss {a.loss_type}" if a.kind == "dpo" else ""
+        lines.append(f"algorithm: {a.name} · lr {a.lr:g}{extra}")
+        lines.append(
+            f"batch: {b.prompts_per_step} examples/step → {b.optimizer_steps_per_step} optimizer step(s) "
+            f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks)"
+        )
+    offload = " · optimizer offloaded" if spec.train.offload_optimizer else ""
+    lines.append(f"steps: {spec.train.steps} · ZeRO-{spec.train.zero_stage}{offload} · seed {spec.train.seed}")
 
-    lines.append(f"placement ({lay.mode}):")
+    lines.append(f"placement ({lay.mode}, {lay.total_devices} device{'s' if lay.total_devices > 1 else ''}):")
     if lay.mode == "hybrid":
         trained = [r for r in spec.roles if r != "rollout"]
-        lines.append(f"  every device holds: {', '.join(trained)}" + (
-            f" (ZeRO-{spec.train.zero_stage} shards)" if spec.train.zero_stage == 3 else ""))
+        shards = f" (ZeRO-{spec.train.zero_stage} shards)" if spec.train.zero_stage == 3 else ""
+        lines.append(f"  device {_ranges(tuple(range(lay.total_devices)))}: {', '.join(trained)}{shards}")
     else:
         for role in spec.roles:
             if role != "rollout":
                 lines.append(f"  device {_ranges(lay.roles[role])}: {role}")
-    shown = list(enumerate(lay.engines))
+    shown: list[Any] = list(enumerate(lay.engines))
     if len(shown) > 4:
         shown = shown[:2] + [None] + shown[-1:]
     for item in shown:
@@ -108,19 +201,14 @@ def render_plan(spec) -> str:
         lines.append(f"  device {_ranges(devs)}: {spec.rollout_engine} engine {i}{tp}")
 
     est = estimate(spec)
-    if hw.accelerator == "cuda":
-        lines.append("memory per GPU (GB, formulas in docs/memory.md):")
-        if lay.mode == "hybrid":
-            lines.append(f"  training phase:   {_parts(est.train)} = {est.train_total:.1f} of {hw.device_memory_gb:g}")
-            if "rollout" in spec.roles:
-                lines.append(f"  generation phase: {_parts(est.generate)} = {est.generate_total:.1f} of {hw.device_memory_gb:g}")
-        else:
-            for role, gb in role_memory_gb(spec, est).items():
-                lines.append(f"  {role:<10} {gb:.1f} of {hw.device_memory_gb:g}")
+    if gpu:
+        lines.append("memory per GPU (GB; formulas in docs/memory.md):")
+        for name, parts in est.figures.items():
+            lines.append(f"  {name + ':':<18}{_parts(parts)} = {est.total(name):.1f} of {hw.device_memory_gb:g}")
     else:
-        lines.append(f"memory: CPU run; training state ~{est.train_total:.2f} GB in host memory")
+        lines.append(f"memory: CPU run; model states ~{est.total('training phase' if 'training phase' in est.figures else 'actor'):.2f} GB of host memory")
     warns = warnings(spec, est)
     lines.extend(warns)
-    if not any(w.startswith("✗") for w in warns):
-        lines.append("✓ fits")
+    if gpu:
+        lines.append("✓ fits" if fits(spec, est) else "✗ does not fit (see above)")
     return "\n".join(lines)

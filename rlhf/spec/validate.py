@@ -25,6 +25,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def tp_splits_heads(m: Any, tp: int) -> bool:
+    """vLLM's rule: query heads divide by TP; KV heads divide by TP, or TP by them (replication)."""
+    kv_ok = m.n_kv_heads % tp == 0 if m.n_kv_heads >= tp else tp % m.n_kv_heads == 0
+    return m.n_heads % tp == 0 and kv_ok
+
+
 def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     p: list[str] = []
     algo, hw, pl, train, rollout = s["algo"], s["hardware"], s["placement"], s["train"], s["rollout"]
@@ -92,8 +98,20 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
 
     # ---- placement
+    n_before_placement = len(p)
     total = hw.nodes * hw.devices_per_node
     _choice(p, "placement.mode", pl.mode, ("hybrid", "disaggregated"))
+    if hw.accelerator == "cuda" and hw.device_memory_gb <= 0:
+        p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (80 for an H100).")
+    if pl.mode == "hybrid":
+        for r in ("actor", "critic", "reference", "reward"):
+            if getattr(pl, r):
+                p.append(
+                    f"placement.{r}={getattr(pl, r)} only applies to placement=disaggregated: in hybrid "
+                    f"placement every role spans all {total} devices. Drop it, or use placement=disaggregated."
+                )
+    if pl.rollout.engines < 0:
+        p.append(f"placement.rollout.engines={pl.rollout.engines} must be >= 0 (0 = as many as fit).")
     tp = pl.rollout.tensor_parallel
     if tp < 1 or tp > hw.devices_per_node:
         p.append(
@@ -101,43 +119,54 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             f"(hardware.devices_per_node={hw.devices_per_node}): tensor parallelism does not cross nodes."
         )
     elif "rollout" in roles:
+        m = s["model"]
+        if not tp_splits_heads(m, tp):
+            ok = [d for d in _divisors(hw.devices_per_node) if tp_splits_heads(m, d)]
+            p.append(
+                f"placement.rollout.tensor_parallel={tp} does not split the {m.n_heads} attention heads "
+                f"({m.n_kv_heads} KV heads) of model={m.name} evenly over the TP ranks, as vLLM requires. "
+                f"Use one of: {', '.join(str(d) for d in ok)}."
+            )
         if pl.mode == "hybrid":
             engines = pl.rollout.engines or total // tp
-            if total % tp:
-                ok = ", ".join(str(d) for d in _divisors(hw.devices_per_node))
+            if hw.devices_per_node % tp:
+                ok = ", ".join(str(d) for d in _divisors(hw.devices_per_node) if tp_splits_heads(m, d))
                 p.append(
-                    f"placement.rollout.tensor_parallel={tp} does not divide the {total} devices that hybrid "
-                    f"placement gives to rollout engines. Use {ok}."
+                    f"placement.rollout.tensor_parallel={tp} does not divide the {hw.devices_per_node} GPUs of a "
+                    f"node, which hybrid placement gives to rollout engines (hardware={hw.name}). Use one of: {ok}."
                 )
             elif engines * tp > total:
                 p.append(
                     f"placement.rollout.engines={engines} × tensor_parallel={tp} needs {engines * tp} devices, "
-                    f"but the hardware has {total} (hardware={hw.name}). Use placement.rollout.engines={total // tp}."
+                    f"but hardware={hw.name} has {total}. Use placement.rollout.engines={total // tp} (or 0 = all)."
                 )
-        else:
-            from rlhf.spec.build import disaggregated_counts
+    if pl.mode == "disaggregated" and 1 <= tp <= hw.devices_per_node and pl.rollout.engines >= 0:
+        from rlhf.spec.build import disaggregated_counts
 
-            counts = disaggregated_counts(pl, roles, total)
-            need = sum(counts.values())
-            if need > total:
-                detail = ", ".join(f"{r} {n}" for r, n in counts.items())
+        counts = disaggregated_counts(pl, roles, total)
+        need = sum(counts.values())
+        if need > total:
+            detail = ", ".join(f"{r} {n}" for r, n in counts.items())
+            p.append(
+                f"placement=disaggregated needs {need} devices ({detail}) but hardware={hw.name} has "
+                f"{total}. Lower the per-role counts (0 = automatic), use bigger hardware, or placement=hybrid."
+            )
+        if counts.get("rollout", 0) % tp:
+            ok = [d for d in _divisors(counts["rollout"]) if d <= hw.devices_per_node]
+            p.append(
+                f"placement.rollout.tensor_parallel={tp} does not divide the {counts['rollout']} devices given "
+                f"to rollout engines (placement.rollout.engines={pl.rollout.engines}). "
+                f"Use tensor_parallel {', '.join(str(d) for d in ok)}, or engines × tensor_parallel devices."
+            )
+        for r in ("critic", "reference", "reward"):
+            if r not in roles and getattr(pl, r):
                 p.append(
-                    f"placement=disaggregated needs {need} devices ({detail}) but hardware={hw.name} has "
-                    f"{total}. Lower the per-role counts, or use placement=hybrid."
+                    f"placement.{r}={getattr(pl, r)} gives devices to a role this run does not have "
+                    f"(algo={algo.name}). Set placement.{r}=0."
                 )
-            if counts.get("rollout", 0) % tp:
-                p.append(
-                    f"placement.rollout.tensor_parallel={tp} does not divide the {counts['rollout']} devices given "
-                    f"to rollout engines. Use one of: {', '.join(str(d) for d in _divisors(counts['rollout']))}."
-                )
-            for r in ("critic", "reference", "reward"):
-                if r not in roles and getattr(pl, r):
-                    p.append(
-                        f"placement.{r}={getattr(pl, r)} gives devices to a role this run does not have "
-                        f"(algo={algo.name}). Set placement.{r}=0."
-                    )
 
     # ---- train / batch math
+    placement_ok = len(p) == n_before_placement
     if train.steps < 1:
         p.append(f"train.steps={train.steps} must be >= 1.")
     if train.prompts_per_step < 1 or train.micro_batch_size < 1:
@@ -145,7 +174,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             f"train.prompts_per_step={train.prompts_per_step}, train.micro_batch_size={train.micro_batch_size}: "
             "both must be >= 1."
         )
-    elif not p:
+    elif placement_ok:
         p.extend(_batch_problems(s, roles))
     if train.zero_stage not in (0, 1, 2, 3):
         p.append(f"train.zero_stage={train.zero_stage} is not a ZeRO stage. Use 0, 1, 2 or 3.")
@@ -186,27 +215,55 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     return p
 
 
+def _nearest(candidates: list[int], target: int) -> list[int]:
+    """The closest candidate below and above ``target`` (one value if it is the same)."""
+    below = [c for c in candidates if c <= target]
+    above = [c for c in candidates if c >= target]
+    out = []
+    if below:
+        out.append(max(below))
+    if above and min(above) not in out:
+        out.append(min(above))
+    return out
+
+
+def _or(values: list[int]) -> str:
+    return " (or ".join(str(v) for v in values) + (")" if len(values) > 1 else "")
+
+
 def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
+    """The batch math of one step: samples → mini-batches → ranks → micro-batches must divide evenly."""
     from rlhf.spec.build import plan_layout
 
     algo, train = s["algo"], s["train"]
     world = plan_layout(s, roles).world_size("actor")
     group = getattr(algo, "group_size", 1)
-    samples = train.prompts_per_step * group
-    mini = getattr(algo, "mini_batch_size", None) or samples
+    prompts = train.prompts_per_step
+    samples = prompts * group
+    set_mini = getattr(algo, "mini_batch_size", None)
+    mini = set_mini or samples
+    what = (
+        f"train.prompts_per_step={prompts} × algo.group_size={group} = {samples} samples"
+        if algo.kind == "rl" else f"train.prompts_per_step={prompts} examples"
+    )
+    # prompts_per_step values near the current one whose samples split over the ranks
+    ok_prompts = [q for q in range(1, 4 * prompts + world + 1) if (q * group) % world == 0]
     p = []
-    if samples % mini:
+    if set_mini is not None and (set_mini < 1 or samples % set_mini):
         near = [d for d in _divisors(samples) if d % world == 0]
-        best = min(near, key=lambda d: abs(d - mini)) if near else samples
-        p.append(
-            f"algo.mini_batch_size={mini} does not divide the {samples} samples of a step "
-            f"(train.prompts_per_step={train.prompts_per_step} × algo.group_size={group}). "
-            f"Use algo.mini_batch_size={best}."
-        )
+        fix = (f"Use algo.mini_batch_size={_or(_nearest(near, set_mini))}" if near
+               else f"Use train.prompts_per_step={_or(_nearest(ok_prompts, prompts))}")
+        p.append(f"algo.mini_batch_size={set_mini} does not divide the {what} of a step. {fix}.")
     elif mini % world:
+        if set_mini is not None:
+            near = [d for d in _divisors(samples) if d % world == 0]
+            fix = (f"algo.mini_batch_size={_or(_nearest(near, set_mini))}" if near
+                   else f"train.prompts_per_step={_or(_nearest(ok_prompts, prompts))}")
+        else:
+            fix = f"train.prompts_per_step={_or(_nearest(ok_prompts, prompts))}"
         p.append(
-            f"the {mini} samples of an optimizer step do not split over the actor's {world} data-parallel ranks. "
-            f"Use a mini-batch (algo.mini_batch_size, or train.prompts_per_step × algo.group_size) divisible by {world}."
+            f"the {mini} samples of an optimizer step ({what}) do not split evenly over the actor's "
+            f"{world} data-parallel ranks. Use {fix}."
         )
     else:
         per_rank = mini // world

@@ -1,0 +1,232 @@
+"""Sweeps: ``rlhf-run -m algo.lr=1e-6,5e-7 algo=grpo,rloo`` runs one job per combination.
+
+The sweep is a Hydra multirun (``hydra.main``, basic sweeper and launcher: the jobs run one after
+another in this process, each in its own directory ``multirun/<date>/<time>/<n>``). Each job builds
+its spec exactly like a single run and calls ``rlhf.cli.execute(spec)``.
+
+- Before any job starts, every job's config is composed once: a sweep whose definition is broken
+  (an unknown option or key, a wrong type in one of its values) stops with exit code 2 and every
+  broken job named, instead of failing halfway through.
+- A job that fails later (its spec does not validate, or training raises) is recorded and the
+  sweep goes on. The summary lists each job; the exit code is 0 only if every job succeeded.
+  ``<sweep dir>/sweep_results.yaml`` keeps the same summary.
+- ``-m ... --plan`` prints each job's plan and starts no Hydra machinery at all.
+
+Hooks: ``SweepHooks`` is called at the start and end of the sweep and of each job. It does nothing
+today; MLflow parent/child runs (one parent run per sweep, one child per job) are meant to be a
+``SweepHooks`` subclass returned by ``default_hooks``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rlhf.spec.errors import SpecError
+
+EXIT_CONFIG = 2
+
+
+@dataclass
+class Job:
+    index: int
+    overrides: list[str]
+
+
+@dataclass
+class JobResult:
+    index: int
+    overrides: list[str]
+    status: str  # ok | failed
+    exit_code: int
+    error: Optional[str] = None
+    output_dir: Optional[str] = None
+
+
+class SweepHooks:
+    """Called around a sweep and each of its jobs. Subclass and return it from ``default_hooks``.
+
+    The MLflow parent/child runs go here: ``sweep_start`` opens the parent run, ``job_start`` a
+    child run (tagged with the job's overrides), ``job_end`` closes it with the job's status.
+    """
+
+    def sweep_start(self, sweep_dir: Optional[str], jobs: Sequence[Job]) -> None:
+        pass
+
+    def job_start(self, job: Job, spec: Any) -> None:
+        pass
+
+    def job_end(self, job: Job, result: JobResult) -> None:
+        pass
+
+    def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:
+        pass
+
+
+def default_hooks() -> list[SweepHooks]:
+    """The hooks every sweep gets (none yet: MLflow parent/child runs come here)."""
+    return []
+
+
+# ----------------------------------------------------------------------------- jobs
+
+
+def expand(overrides: Sequence[str]) -> list[Job]:
+    """The jobs of a sweep: the cartesian product of the comma-separated values, in Hydra's order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    from rlhf.cli import parse_overrides
+
+    parsed = parse_overrides(overrides)
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [Job(i, list(job)) for i, job in enumerate(batches[0] if batches else [[]])]
+
+
+def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str) -> list[Any]:
+    """Compose every job's config; raise SpecError naming each job that does not compose."""
+    from rlhf.cli import check_group_choices, compose
+
+    problems, configs = [], []
+    for job in jobs:
+        try:
+            if config_dir is None:
+                check_group_choices(job.overrides)
+            configs.append(compose(job.overrides, config_dir=config_dir, config_name=config_name))
+        except SpecError as e:
+            for p in e.problems:
+                problems.append(f"job #{job.index} ({' '.join(job.overrides)}): {p}")
+    if problems:
+        problems.append(f"the sweep did not start: fix the jobs above ({len(jobs)} jobs in all).")
+        raise SpecError(problems)
+    return configs
+
+
+# ----------------------------------------------------------------------------- one job
+
+
+class _Sweep:
+    """State of one running sweep, shared with the Hydra task function."""
+
+    def __init__(self, jobs: Sequence[Job], hooks: Sequence[SweepHooks], config_dir: Optional[str]):
+        self.jobs = {tuple(j.overrides): j for j in jobs}
+        self.hooks = list(hooks)
+        self.config_dir = config_dir
+        self.results: list[JobResult] = []
+        self.sweep_dir: Optional[str] = None
+
+    def run_job(self, cfg: Any) -> int:
+        """Hydra's task function: build this job's spec like a single run, then execute it."""
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import open_dict
+
+        from rlhf import cli
+
+        hc = HydraConfig.get()
+        overrides = list(hc.overrides.task)
+        job = self.jobs.get(tuple(overrides)) or Job(int(hc.job.num), overrides)
+        out = str(hc.runtime.output_dir)
+        if self.sweep_dir is None:
+            self.sweep_dir = str(Path(out).parent)
+            for h in self.hooks:
+                h.sweep_start(self.sweep_dir, list(self.jobs.values()))
+        result = JobResult(job.index, overrides, "failed", 1, output_dir=out)
+        try:
+            with open_dict(cfg):
+                cfg.output_dir = out  # each job in its own directory, whatever the config says
+            choices = dict(hc.runtime.choices)
+            spec = cli.build_spec(cfg, overrides, plan=False, config_dir=self.config_dir, choices=choices)
+            for h in self.hooks:
+                h.job_start(job, spec)
+            code = cli.execute(spec)
+            result.exit_code = int(code or 0)
+            result.status = "ok" if result.exit_code == 0 else "failed"
+            if result.exit_code:
+                result.error = f"exit code {result.exit_code}"
+        except SpecError as e:
+            result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
+            print(e.render(), file=sys.stderr)
+        except Exception as e:  # a crashed job: recorded, and the sweep goes on
+            result.error = f"{type(e).__name__}: {e}"
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "error.txt").write_text(traceback.format_exc())
+            print(f"error: job #{job.index} failed: {result.error} (traceback in {out}/error.txt)", file=sys.stderr)
+        self.results.append(result)
+        for h in self.hooks:
+            h.job_end(job, result)
+        return result.exit_code
+
+
+def _run_hydra_multirun(sweep: _Sweep, overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> None:
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlhf.cli import register_configs
+    from rlhf.paths import conf_dir
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    path = str(Path(config_dir).resolve()) if config_dir else str(conf_dir())
+    task = hydra.main(config_path=path, config_name=config_name, version_base="1.3")(sweep.run_job)
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "rlhf-run", "--multirun", "hydra.job.name=rlhf", *overrides]
+    try:
+        task()
+    except SystemExit as e:  # hydra.main exits on its own errors (it has printed them)
+        if e.code not in (0, None):
+            raise SpecError([f"the sweep stopped: Hydra exited with code {e.code} (see above)."]) from None
+    finally:
+        sys.argv = saved
+        GlobalHydra.instance().clear()
+
+
+def summarize(results: Sequence[JobResult], sweep_dir: Optional[str]) -> str:
+    ok = sum(r.status == "ok" for r in results)
+    lines = [f"sweep: {len(results)} jobs, {ok} ok, {len(results) - ok} failed" + (f" ({sweep_dir})" if sweep_dir else "")]
+    for r in results:
+        line = f"  #{r.index} {r.status:<6} {' '.join(r.overrides) or '(defaults)'}"
+        if r.error:
+            line += f"  — {r.error}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> int:
+    """``rlhf-run -m ...``: returns the exit code (0 all ok, 1 a job failed, 2 a broken sweep)."""
+    from rlhf import cli
+
+    hooks = default_hooks() if hooks is None else list(hooks)
+    jobs = expand(args.overrides)
+    if args.config_dir is None:
+        cli.check_group_choices(args.overrides, allow_sweep=True)
+    configs = preflight(jobs, args.config_dir, args.config_name)
+
+    if args.plan:
+        results = []
+        for job, cfg in zip(jobs, configs):
+            print(f"=== job #{job.index}: {' '.join(job.overrides) or '(defaults)'}")
+            try:
+                spec = cli.build_spec(cfg, job.overrides, plan=True, config_dir=args.config_dir)
+                code = cli.execute(spec)
+                results.append(JobResult(job.index, job.overrides, "ok" if code == 0 else "failed", code))
+            except SpecError as e:
+                print(e.render())
+                results.append(JobResult(job.index, job.overrides, "failed", EXIT_CONFIG, " ".join(e.problems)))
+        print(summarize(results, None))
+        return 0 if all(r.status == "ok" for r in results) else 1
+
+    sweep = _Sweep(jobs, hooks, args.config_dir)
+    _run_hydra_multirun(sweep, args.overrides, args.config_dir, args.config_name)
+    if sweep.sweep_dir:
+        import yaml
+
+        Path(sweep.sweep_dir).mkdir(parents=True, exist_ok=True)
+        (Path(sweep.sweep_dir) / "sweep_results.yaml").write_text(
+            yaml.safe_dump([asdict(r) for r in sweep.results], sort_keys=False)
+        )
+    for h in hooks:
+        h.sweep_end(sweep.sweep_dir, sweep.results)
+    print(summarize(sweep.results, sweep.sweep_dir))
+    return 0 if sweep.results and all(r.status == "ok" for r in sweep.results) else 1
