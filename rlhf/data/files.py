@@ -8,7 +8,8 @@ Formats, chosen by the path:
     *.csv / *.tsv            header row, every value a string
     a directory              an HF ``datasets`` dataset written by ``save_to_disk`` (read offline);
                              a DatasetDict takes the ``train`` split unless ``dir::split`` names one
-    builtin:<task>/<split>   the built-in task's files (generated on first use)
+    builtin:<task>/<split>   the built-in task's files (generated on first use): keymap/train|eval
+                             (RL prompts), keymap-sft/..., keymap-preference/..., keymap-prompts/...
 
 Every problem becomes one ``UserError`` that names the file, the row and the fix, e.g.
 
@@ -73,6 +74,10 @@ def resolve_builtin(name: str) -> str:
         from rlhf.data import builtin
     except ImportError as e:  # pragma: no cover - the module ships with the package
         raise UserError(f"{BUILTIN_PREFIX}{name}: the built-in task module is not available ({e}).") from None
+    if name.startswith("keymap-"):  # synthetic SFT / preference / prompt sets (rlhf.data.make)
+        from rlhf.data.make import builtin_file
+
+        return str(builtin_file(name))
     return str(builtin.data_file(name))
 
 

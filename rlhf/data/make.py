@@ -1,6 +1,6 @@
 """Synthetic SFT, preference and prompt data for the built-in ``keymap`` task.
 
-    sft          {"prompt": "key k3 =", "response": "v5 v1 v6", "answer": "v5 v1 v6"}
+    sft          {"prompt": "key k3 k0 =", "response": "v5 v1", "answer": "v5 v1"}
                  each answer word is replaced by a random value word with probability ``noise``,
                  so a model trained on it is good but not perfect: RL after SFT has room to improve
     preference   {"prompt", "chosen", "rejected", "answer", "chosen_score", "rejected_score"}
@@ -11,6 +11,10 @@
     prompts      {"prompt", "answer"}: RL prompts, as the built-in data set
 
 Everything is a pure function of (kind, n, seed, options); files are written as jsonl.
+
+The same data is available without a make step as ``builtin:keymap-sft/train`` (and ``/eval``),
+``builtin:keymap-preference/...`` and ``builtin:keymap-prompts/...``: generated on first use under
+``cache_dir()/data/`` with the defaults below, like the built-in task's own files.
 """
 
 from __future__ import annotations
@@ -21,12 +25,17 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.data import builtin as task
+from rlhf.paths import cache_dir
 
 KINDS = ("sft", "preference", "prompts")
+VERSION = 1
+BUILTIN_SIZES = {"train": 512, "eval": 64}
 
 
-def _key(rng: random.Random) -> str:
-    return rng.choice(task.KEYS)
+def task_row(rng: random.Random) -> tuple[str, list[str]]:
+    """A prompt of the built-in task and its answer words."""
+    keys = [rng.choice(task.KEYS) for _ in range(task.ANSWER_LEN)]
+    return task.prompt_for(keys), task.answer_for(keys).split()
 
 
 def noisy_answer(answer: list[str], n_wrong: int, rng: random.Random) -> list[str]:
@@ -43,7 +52,10 @@ def candidate(answer: list[str], rng: random.Random) -> str:
         words = noisy_answer(answer, rng.randint(0, len(answer)), rng)
     elif r < 0.75:  # too short or too long
         words = noisy_answer(answer, rng.randint(0, len(answer)), rng)
-        words = words[: rng.randint(1, len(words) - 1)] if rng.random() < 0.5 else words + [rng.choice(task.VALUES)]
+        if rng.random() < 0.5 and len(words) > 1:
+            words = words[: rng.randint(1, len(words) - 1)]
+        else:
+            words = words + [rng.choice(task.VALUES)]
     elif r < 0.9:  # value words in random order
         words = [rng.choice(task.VALUES) for _ in range(rng.randint(1, len(answer) + 1))]
     else:  # anything from the vocabulary
@@ -53,23 +65,19 @@ def candidate(answer: list[str], rng: random.Random) -> str:
 
 def sft_rows(n: int, seed: int = 0, noise: float = 0.2) -> list[dict]:
     rng = random.Random(f"sft-{seed}")
-    t = task.table()
     rows = []
     for _ in range(n):
-        k = _key(rng)
-        ans = t[k]
+        prompt, ans = task_row(rng)
         words = [w if rng.random() >= noise else rng.choice(task.VALUES) for w in ans]
-        rows.append({"prompt": task.prompt_for(k), "response": " ".join(words), "answer": " ".join(ans)})
+        rows.append({"prompt": prompt, "response": " ".join(words), "answer": " ".join(ans)})
     return rows
 
 
 def preference_rows(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(f"preference-{seed}")
-    t = task.table()
     rows = []
     while len(rows) < n:
-        k = _key(rng)
-        ans = t[k]
+        prompt, ans = task_row(rng)
         answer = " ".join(ans)
         a, b = candidate(ans, rng), candidate(ans, rng)
         sa, sb = task.score(a, answer), task.score(b, answer)
@@ -77,15 +85,18 @@ def preference_rows(n: int, seed: int = 0) -> list[dict]:
             continue
         (c, sc), (r, sr) = sorted([(a, sa), (b, sb)], key=lambda x: -x[1])
         rows.append(
-            {"prompt": task.prompt_for(k), "chosen": c, "rejected": r, "answer": answer, "chosen_score": sc, "rejected_score": sr}
+            {"prompt": prompt, "chosen": c, "rejected": r, "answer": answer, "chosen_score": sc, "rejected_score": sr}
         )
     return rows
 
 
 def prompt_rows(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(f"prompts-{seed}")
-    t = task.table()
-    return [{"prompt": task.prompt_for(k), "answer": " ".join(t[k])} for k in (_key(rng) for _ in range(n))]
+    out = []
+    for _ in range(n):
+        prompt, ans = task_row(rng)
+        out.append({"prompt": prompt, "answer": " ".join(ans)})
+    return out
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -114,3 +125,22 @@ def make(kind: str, out: str | Path, *, n_train: int = 512, n_eval: int = 64, se
         paths[split] = out / f"{split}.jsonl"
         write_jsonl(paths[split], rows)
     return paths
+
+
+def builtin_file(name: str) -> Path:
+    """``keymap-<kind>/<split>`` → its jsonl under the cache dir (made on first use, atomically)."""
+    from rlhf.models.builtin import atomic_dir
+    from rlhf.spec.errors import UserError
+
+    task_name, _, split = name.partition("/")
+    kind = task_name[len("keymap-"):] if task_name.startswith("keymap-") else ""
+    if kind not in KINDS or split not in BUILTIN_SIZES:
+        raise UserError(
+            f"builtin:{name} is not a built-in data set. Use builtin:keymap/<train|eval> (RL prompts) or "
+            "builtin:keymap-<sft|preference|prompts>/<train|eval>."
+        )
+    folder = cache_dir() / "data" / f"keymap-{kind}-v{VERSION}-t{task.VERSION}"
+    with atomic_dir(folder) as tmp:
+        if tmp is not None:
+            make(kind, tmp, n_train=BUILTIN_SIZES["train"], n_eval=BUILTIN_SIZES["eval"])
+    return folder / f"{split}.jsonl"

@@ -57,6 +57,10 @@ def test_saved_hf_dataset_offline(tmp_path, monkeypatch):
 def test_builtin_task_file():
     rec = files.load_file("builtin:keymap/eval")
     assert len(rec) > 0 and {"prompt", "answer"} <= set(rec.rows[0])
+    assert {"prompt", "response"} <= set(files.load_file("builtin:keymap-sft/train").rows[0])
+    assert {"prompt", "chosen", "rejected"} <= set(files.load_file("builtin:keymap-preference/eval").rows[0])
+    with pytest.raises(UserError, match="not a built-in data set"):
+        files.load_file("builtin:keymap-nope/train")
 
 
 def test_errors_name_file_row_and_fix(tmp_path):

@@ -24,12 +24,14 @@ def test_cli_writes_train_and_eval(tmp_path, capsys):
 
 def test_rows_are_reproducible_and_consistent():
     assert make.preference_rows(50, seed=1) == make.preference_rows(50, seed=1)
-    t = task.table()
     for r in make.preference_rows(200, seed=1):
         assert r["chosen_score"] == task.score(r["chosen"], r["answer"]) > r["rejected_score"] == task.score(r["rejected"], r["answer"])
-        assert r["answer"] == " ".join(t[r["prompt"].split()[1]])
+        keys = [w for w in r["prompt"].split() if w in task.KEYS]
+        assert r["prompt"] == task.prompt_for(keys) and r["answer"] == task.answer_for(keys)
     sft = make.sft_rows(400, seed=0, noise=0.2)
     mean = sum(task.score(r["response"], r["answer"]) for r in sft) / len(sft)
-    assert 0.7 < mean < 0.95  # mostly right, room left for RL
+    assert 0.7 < mean < 0.9  # mostly right, room left for RL
     assert all(task.score(r["response"], r["answer"]) == 1.0 for r in make.sft_rows(20, noise=0.0))
-    assert {r["prompt"] for r in make.prompt_rows(100)} <= {task.prompt_for(k) for k in task.KEYS}
+    for r in make.prompt_rows(100):
+        keys = [w for w in r["prompt"].split() if w in task.KEYS]
+        assert r["answer"] == task.answer_for(keys)
