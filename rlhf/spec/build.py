@@ -183,7 +183,10 @@ def _expected_type(e: OmegaConfBaseException) -> str:
     text = str(e)
     for name, word in (("Float", "a float"), ("Integer", "an integer"), ("Boolean", "a boolean (true/false)"),
                        ("String", "a string")):
-        if f"to {name}" in text or f"converted to {name}" in text:
+        if f"to {name}" in text:
+            return word
+    for name, word in (("float", "a float"), ("int", "an integer"), ("bool", "a boolean (true/false)")):
+        if f"is not a valid {name}" in text:
             return word
     if ref is not None:
         r = str(ref)

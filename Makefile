@@ -1,0 +1,41 @@
+# Set-up and everyday commands. `make run` and `make test` install what they need first.
+#
+#   make run                      # .venv, torch (CPU build) + rlhf[dev], then the default job
+#   make run ARGS="algo=ppo --plan"
+#   make test                     # the test suite (what CI runs: bash .ci/run)
+#   make plan ARGS="model=llama3-8b hardware=8xh100"
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.rlhf-installed
+ARGS   ?=
+PYTEST_ARGS ?= -q
+
+.PHONY: install run plan test test-slow clean
+
+# torch first and pinned: left to the resolver, plain `torch` pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/rlhf-run $(ARGS)
+
+plan: install
+	$(VENV)/bin/rlhf-run $(ARGS) --plan
+
+# pytest exits 5 when it collects no test: not a failure here.
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+test-slow: install
+	$(PY) -m pytest -m slow $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+clean:
+	rm -rf build dist *.egg-info outputs multirun

@@ -1,0 +1,110 @@
+"""Every algo × placement × model × hardware combination in conf/ builds, or fails for a known reason."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlhf import cli
+from rlhf.paths import conf_dir
+from rlhf.spec.build import build_sections, typed_config
+from rlhf.spec.errors import SpecError
+from rlhf.spec.plan import render_plan
+
+from spec_combos import AXES, as_dict, assemble, combinations, model_defaults, options
+
+TWO_OR_MORE_ROLES = "ppo|grpo|dr_grpo|rloo|reinforce_pp|reinforce_pp_baseline|dpo"
+
+# (algo, placement, model, hardware) patterns — "a|b" alternatives, "*" any — and the reason the
+# combination must fail with. Everything that matches no row must build and plan.
+EXPECTED_FAILURES = [
+    # Disaggregated placement needs a device per role: on 1 device only rm and sft (actor alone) fit.
+    (TWO_OR_MORE_ROLES, "disaggregated", "*", "cpu", "but hardware=cpu has 1"),
+    (TWO_OR_MORE_ROLES, "disaggregated", "*", "1xh200", "but hardware=1xh200 has 1"),
+    # 2 devices hold actor + rollout (dr_grpo: no KL, so no reference) or actor + reference (dpo),
+    # not three or four roles.
+    ("grpo|rloo|reinforce_pp|reinforce_pp_baseline", "disaggregated", "*", "2xh200",
+     "needs 3 devices (actor 1, reference 1, rollout 1) but hardware=2xh200 has 2"),
+    ("ppo", "disaggregated", "*", "2xh200", "needs 4 devices (actor 1, critic 1, reference 1, rollout 1)"),
+    # The tiny model's 16 prompts per step (1 sample each) cannot spread over 32 data-parallel ranks.
+    ("ppo|reinforce_pp|dpo", "hybrid", "tiny", "4x8xh100",
+     "16 samples of an optimizer step (train.prompts_per_step=16"),
+    ("rm|sft", "*", "tiny", "4x8xh100", "do not split evenly over the actor's 32 data-parallel ranks. "
+     "Use train.prompts_per_step=32"),
+]
+
+
+def _matches(row, combo) -> bool:
+    return all(any(fnmatch.fnmatch(v, p) for p in pat.split("|")) for pat, v in zip(row[:4], combo))
+
+
+def expected_failure(combo):
+    for row in EXPECTED_FAILURES:
+        if _matches(row, combo):
+            return row
+    return None
+
+
+def test_groups_are_independent_so_assembly_is_exact():
+    """The premise of the fast walk: each group file sets only its own package, and
+    model_defaults only train/rollout/model and scalar algo keys."""
+    for group in AXES:
+        for opt in options(group):
+            text = (conf_dir() / group / f"{opt}.yaml").read_text()
+            assert "@package" not in text, f"{group}/{opt}.yaml changes its package"
+    for m in options("model"):
+        d = model_defaults(m)
+        assert set(d) <= {"train", "rollout", "model", "algo"}, (m, set(d))
+        assert all(not isinstance(v, (dict, list)) for v in (d.get("algo") or {}).values()), m
+
+
+@pytest.mark.parametrize("combo", [
+    ("dpo", "disaggregated", "tiny", "4x8xh100"),
+    ("ppo", "hybrid", "qwen2.5-7b", "8xa100-80g"),
+    ("sft", "hybrid", "llama3-70b", "2xh200"),
+    ("rloo", "disaggregated", "tiny", "8xh100"),
+])
+def test_assembled_combination_equals_hydra_composition(combo):
+    composed = typed_config(cli.compose([f"{g}={v}" for g, v in zip(AXES, combo)]))
+    assert as_dict(assemble(*combo)) == as_dict(composed)
+
+
+def test_every_combination_builds_or_fails_for_its_reason():
+    combos = combinations()
+    assert len(combos) == 9 * 2 * 6 * 6 == 648
+    used = set()
+    unexpected, wrong_reason, should_fail = [], [], []
+    for combo in combos:
+        row = expected_failure(combo)
+        try:
+            spec = build_sections(assemble(*combo))
+        except SpecError as e:
+            if row is None:
+                unexpected.append((combo, e.problems))
+            elif not any(row[4] in p for p in e.problems):
+                wrong_reason.append((combo, row[4], e.problems))
+            used.add(EXPECTED_FAILURES.index(row))
+            continue
+        if row is not None:
+            should_fail.append((combo, row[4]))
+            continue
+        plan = render_plan(spec)  # every buildable combination also plans
+        assert plan.startswith(f"run: {spec.algo.name} · {combo[1]} · {combo[2]} · {combo[3]}")
+    assert not unexpected, f"{len(unexpected)} combinations failed unexpectedly, e.g. {unexpected[:3]}"
+    assert not wrong_reason, f"{len(wrong_reason)} failed for another reason, e.g. {wrong_reason[:3]}"
+    assert not should_fail, f"{len(should_fail)} built but should fail, e.g. {should_fail[:3]}"
+    assert used == set(range(len(EXPECTED_FAILURES))), "a row of EXPECTED_FAILURES matches nothing"
+
+
+def test_group_options_are_the_issue_list():
+    assert options("algo") == sorted(
+        ["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dpo", "rm", "sft"])
+    assert options("placement") == ["disaggregated", "hybrid"]
+    assert options("model") == sorted(
+        ["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama3-8b", "llama3-70b"])
+    assert options("hardware") == sorted(["cpu", "1xh200", "2xh200", "8xh100", "8xa100-80g", "4x8xh100"])
+    for g in ("data", "reward", "tracking"):
+        assert options(g), g
+    assert OmegaConf.load(conf_dir() / "config.yaml").defaults
