@@ -1,0 +1,187 @@
+"""rlhf-run: help, plans, recipes, run directories, and rerunning a run's saved config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from rlhf import cli
+from rlhf.spec.build import config_dict, to_dict
+from rlhf.spec.errors import UserError
+
+
+def plan(capsys, *argv: str) -> str:
+    assert cli.main([*argv, "--plan"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def test_help_lists_every_group_and_its_options(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: rlhf-run" in out and "--plan" in out and "-m" in out and "-cp" in out
+    lines = {l.split()[0]: l for l in out.splitlines() if l.startswith("  ") and l.split()}
+    for group in cli.GROUPS:
+        assert group in lines, group
+        for option in cli.group_options(group):
+            assert option in lines[group], (group, option)
+    assert lines["algo"].split()[1] == "grpo,"  # the default first
+    assert lines["model"].split()[1] == "tiny,"
+    assert "reinforce_pp_baseline" in lines["algo"] and "4x8xh100" in lines["hardware"]
+    assert "grpo_tiny" in lines["recipe"]
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def test_default_plan_changes_nothing(capsys):
+    out = plan(capsys)
+    assert out.startswith("run: grpo · hybrid · tiny · cpu")
+    assert "changed from the defaults: nothing" in out
+    assert "batch: 16 prompts × 8 samples = 128 samples/step" in out
+
+
+def test_plan_shows_what_differs_from_the_defaults(capsys):
+    out = plan(capsys, "algo=ppo", "model=llama3-8b", "hardware=8xh100", "algo.kl.coef=0.05", "train.steps=7")
+    block = out.split("changed from the defaults:\n")[1].split("\nmodel:")[0]
+    assert block.splitlines() == [
+        "  algo=ppo (default grpo)",
+        "  model=llama3-8b (default tiny)",
+        "  hardware=8xh100 (default cpu)",
+        "  algo.kl.coef=0.05",
+        "  train.steps=7",
+    ]
+    assert "algo=grpo" not in plan(capsys, "algo=grpo").split("model:")[0].replace("run: grpo", "")
+
+
+def test_plan_shows_batch_math_and_placement_map(capsys):
+    out = plan(capsys, "algo=grpo", "placement=disaggregated", "model=llama3-8b", "hardware=8xh100")
+    assert "batch: 128 prompts × 8 samples = 1024 samples/step → 1 optimizer step(s) of 1024 " \
+           "(micro 8 × 32 accum × 4 ranks)" in out
+    assert "  device 0-3: actor\n  device 4-5: reference\n  device 6: vllm engine 0\n  device 7: vllm engine 1" in out
+    out = plan(capsys, "algo=grpo", "model=llama3-8b", "hardware=8xh100", "placement.rollout.tensor_parallel=2")
+    assert "device 0-1: vllm engine 0 (TP 2)" in out and "device 6-7: vllm engine 3 (TP 2)" in out
+
+
+def test_plan_warns_about_idle_gpus(capsys):
+    out = plan(capsys, "algo=dpo", "placement=disaggregated", "placement.actor=2", "placement.reference=2",
+               "model=llama3-8b", "hardware=8xh100")
+    assert "! 4 of 8 devices hold no role (idle)" in out
+    out = plan(capsys, "model=llama3-8b", "hardware=8xh100", "placement.rollout.engines=4")
+    assert "! 4 devices run no rollout engine" in out
+
+
+def test_plan_imports_no_torch_ray_or_deepspeed_and_is_quick():
+    code = (
+        "import sys, time; t = time.time(); from rlhf.cli import main; "
+        "rc = main(['algo=grpo', 'model=llama3-8b', 'hardware=8xh100', '--plan']); "
+        "print({'rc': rc, 's': time.time() - t, "
+        "'heavy': [m for m in ('torch', 'ray', 'deepspeed', 'vllm', 'transformers') if m in sys.modules]})"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    result = eval(out.strip().splitlines()[-1])
+    assert result["rc"] == 0 and result["heavy"] == []
+    assert result["s"] < 10  # about a second on an idle machine
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def test_recipe_with_a_defaults_list_overrides_groups(capsys):
+    out = plan(capsys, "recipe=ppo_llama3_8b_8xh100")
+    assert out.startswith("run: ppo · hybrid · llama3-8b · 8xh100")
+    assert "critic" in out and "✓ fits" in out
+    assert "recipe=ppo_llama3_8b_8xh100: " in out
+
+
+def test_command_line_wins_over_a_recipe(capsys):
+    out = plan(capsys, "recipe=grpo_tiny", "train.steps=3", "algo=rloo")
+    assert out.startswith("run: rloo · hybrid · tiny · cpu")
+    assert "steps: 3 " in out
+    spec = cli.build_spec(cli.compose(["recipe=grpo_tiny"]), ["recipe=grpo_tiny"], plan=True)
+    assert (spec.algo.name, spec.algo.group_size, spec.train.steps, spec.tracking.backend) == ("grpo", 4, 30, "none")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """Stand in for rlhf.run (the training loop) and record the spec it gets."""
+    seen = []
+    module = types.ModuleType("rlhf.run")
+
+    def run(spec):
+        seen.append(spec)
+        if spec.train.steps == 13:
+            raise UserError("data file missing: x.jsonl")
+        return 0
+
+    module.run = run
+    monkeypatch.setitem(sys.modules, "rlhf.run", module)
+    return seen
+
+
+def test_a_run_gets_a_fresh_run_dir(fake_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train.steps=2"]) == 0
+    assert cli.main(["train.steps=2"]) == 0
+    a, b = (Path(s.output_dir) for s in fake_run)
+    assert a != b and a.is_dir() and b.is_dir()
+    assert a.parts[0] == "outputs" and fake_run[0].mode == "run"
+    assert cli.main(["output_dir=mine/run1"]) == 0
+    assert fake_run[-1].output_dir == "mine/run1" and (tmp_path / "mine/run1").is_dir()
+
+
+def test_a_user_error_at_run_time_exits_2(fake_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train.steps=13"]) == 2
+    assert "error: data file missing: x.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("writer", ["omegaconf", "yaml"])
+def test_rerun_from_a_run_dir_rebuilds_the_same_spec(writer, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["recipe=ppo_llama3_8b_8xh100", "algo.kl.coef=0.02", "train.steps=7", "data.train_files=[a.jsonl,b.jsonl]",
+            "data.weights=[0.25,0.75]", "+reward.functions=[{fn: m:f, weight: 0.5}]", "output_dir=outputs/first"]
+    first = cli.build_spec(cli.compose(argv), argv, plan=False)
+    run_dir = tmp_path / "outputs" / "first"
+    run_dir.mkdir(parents=True)
+    saved = config_dict(first)  # what the run writes as config.yaml
+    if writer == "omegaconf":
+        OmegaConf.save(OmegaConf.create(saved), run_dir / "config.yaml")
+    else:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+
+    again = cli.build_spec(cli.compose([], config_dir=str(run_dir)), [], plan=False, config_dir=str(run_dir))
+    a, b = to_dict(first), to_dict(again)
+    assert b["output_dir"] != a["output_dir"]  # a new run dir of its own ...
+    for k in ("output_dir", "overrides", "changes"):
+        a.pop(k), b.pop(k)
+    assert a == b  # ... and otherwise the same spec, derived values included
+
+    assert cli.main(["-cp", str(run_dir), "-cn", "config", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run: ppo · hybrid · llama3-8b · 8xh100")
+    assert cli.main(["-cp", str(run_dir), "-cn", "config", "train.steps=9", "--plan"]) == 0
+    assert "steps: 9 " in capsys.readouterr().out
+    assert cli.main(["-cp", str(run_dir), "-cn", "config", "train.stepz=9", "--plan"]) == 2
+    assert "train.stepz is not a config key" in capsys.readouterr().err
+
+
+def test_spec_yaml_of_a_run_is_plain_data(tmp_path):
+    spec = cli.build_spec(cli.compose(["algo=dpo"]), ["algo=dpo"], plan=True)
+    text = json.dumps(to_dict(spec))  # everything is plain data (YAML/MLflow friendly)
+    assert '"kind": "dpo"' in text

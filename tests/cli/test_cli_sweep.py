@@ -1,0 +1,97 @@
+"""Sweeps (-m): one job per combination, each built like a single run; failures recorded, the sweep goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf import cli, sweep
+
+
+@pytest.fixture
+def fake_execute(monkeypatch, tmp_path):
+    """Record each job's spec instead of training; steps=2 crashes, steps=3 returns exit code 3."""
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def execute(spec):
+        seen.append(spec)
+        if spec.train.steps == 2:
+            raise RuntimeError("boom")
+        return 3 if spec.train.steps == 3 else 0
+
+    monkeypatch.setattr(cli, "execute", execute)
+    return seen
+
+
+class Recorder(sweep.SweepHooks):
+    def __init__(self):
+        self.calls = []
+
+    def sweep_start(self, sweep_dir, jobs):
+        self.calls.append(("sweep_start", len(jobs)))
+
+    def job_start(self, job, spec):
+        self.calls.append(("job_start", job.index))
+
+    def job_end(self, job, result):
+        self.calls.append(("job_end", job.index, result.status))
+
+    def sweep_end(self, sweep_dir, results):
+        self.calls.append(("sweep_end", len(results)))
+
+
+def test_a_failed_job_is_recorded_and_the_sweep_goes_on(fake_execute, monkeypatch, capsys):
+    hooks = Recorder()
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [hooks])
+    assert cli.main(["-m", "train.steps=1,2,3", "algo=grpo,rloo"]) == 1
+    assert [(s.train.steps, s.algo.name) for s in fake_execute] == [
+        (1, "grpo"), (1, "rloo"), (2, "grpo"), (2, "rloo"), (3, "grpo"), (3, "rloo")]
+    dirs = {s.output_dir for s in fake_execute}
+    assert len(dirs) == 6 and all(s.mode == "run" for s in fake_execute)
+    sweep_dir = Path(fake_execute[0].output_dir).parent
+    results = yaml.safe_load((sweep_dir / "sweep_results.yaml").read_text())
+    assert [r["status"] for r in results] == ["ok", "ok", "failed", "failed", "failed", "failed"]
+    assert "RuntimeError: boom" in results[2]["error"] and results[4]["error"] == "exit code 3"
+    assert (Path(results[2]["output_dir"]) / "error.txt").read_text().startswith("Traceback")
+    out = capsys.readouterr().out
+    assert "sweep: 6 jobs, 2 ok, 4 failed" in out
+    assert hooks.calls[0] == ("sweep_start", 6) and hooks.calls[-1] == ("sweep_end", 6)
+    assert ("job_end", 2, "failed") in hooks.calls and ("job_start", 5) in hooks.calls
+
+
+def test_a_job_whose_spec_does_not_validate_is_recorded(fake_execute, capsys):
+    argv = ["-m", "algo=ppo", "model=llama3-8b", "hardware=8xh100", "train.prompts_per_step=16,12"]
+    assert cli.main(argv) == 1
+    assert [s.train.prompts_per_step for s in fake_execute] == [16]
+    captured = capsys.readouterr()
+    assert "Use train.prompts_per_step=8 (or 16)" in captured.err
+    assert "  #1 failed algo=ppo model=llama3-8b hardware=8xh100 train.prompts_per_step=12  — " in captured.out
+    assert "sweep: 2 jobs, 1 ok, 1 failed" in captured.out
+
+
+def test_a_broken_sweep_stops_before_any_job_with_exit_2(fake_execute, capsys):
+    assert cli.main(["-m", "algo=grpo,dpo", "algo.group_size=4"]) == 2
+    assert fake_execute == []
+    err = capsys.readouterr().err
+    assert "job #1 (algo=dpo algo.group_size=4): algo.group_size is not a config key of algo (DPOAlgo)" in err
+    assert cli.main(["-m", "algo=grpo,grpoo"]) == 2
+    assert "algo 'grpoo' not found" in capsys.readouterr().err
+
+
+def test_a_plan_sweep_prints_every_plan_and_writes_nothing(fake_execute, tmp_path, monkeypatch, capsys):
+    monkeypatch.undo()  # the real execute: plans
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["-m", "algo.lr=1e-6,2e-6", "model=qwen2.5-0.5b", "hardware=8xh100", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("run: grpo · hybrid · qwen2.5-0.5b · 8xh100") == 2
+    assert "=== job #1: algo.lr=2e-06" in out and "lr 2e-06" in out
+    assert "sweep: 2 jobs, 2 ok, 0 failed" in out
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_expand_is_the_cartesian_product():
+    jobs = sweep.expand(["a.b=1,2", "algo=grpo,ppo,rloo", "x=3"])
+    assert len(jobs) == 6 and jobs[0].overrides == ["a.b=1", "algo=grpo", "x=3"]
