@@ -49,3 +49,8 @@ def digests_match(a: dict, b: dict, rel: float = 1e-6) -> bool:
         and abs(a["sum"] - b["sum"]) <= rel * max(1.0, abs(b["sumsq"])) ** 0.5 * 10
         and abs(a["sumsq"] - b["sumsq"]) <= rel * abs(b["sumsq"])
     )
+
+
+def write_json_out(name: str, obj) -> None:
+    with open(out_dir() / name, "w") as f:
+        json.dump(obj, f, indent=2, default=str)

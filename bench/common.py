@@ -63,12 +63,24 @@ def build_tokenizer(vocab_size: int = 2048):
 def make_random_model(out: str | os.PathLike, preset_name: str = "qwen2.5-0.5b", seed: int = 0,
                       max_position_embeddings: int = 4096, device: Optional[str] = None) -> str:
     """Write a random Qwen2-shaped checkpoint (bf16) + tokenizer to ``out`` (skipped if present)."""
+    import fcntl
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(out) + ".lock", "w") as lock:  # concurrent jobs build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((out / "config.json").exists() and (out / "tokenizer_config.json").exists()):
+            _write_random_model(out, preset_name, seed, max_position_embeddings, device)
+    return str(out)
+
+
+def _write_random_model(out: Path, preset_name: str, seed: int, max_position_embeddings: int,
+                        device: Optional[str]) -> None:
+    import shutil
+
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    out = Path(out)
-    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
-        return str(out)
     p = preset(preset_name)
     tok = build_tokenizer()
     cfg = Qwen2Config(
@@ -96,9 +108,10 @@ def make_random_model(out: str | os.PathLike, preset_name: str = "qwen2.5-0.5b",
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    os.replace(tmp, out) if not out.exists() else None
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
     del model
-    return str(out)
 
 
 def prompts_ids(tokenizer, n: int, seed: int = 0, min_words: int = 4, max_words: int = 24) -> list[list[int]]:

@@ -64,7 +64,35 @@ class EngineConfig:
     bundle_indices: Optional[Sequence[int]] = None  # TP>1: the placement-group bundles of the ranks
     gpu_share: float = 1.0  # TP>1: GPU fraction of each rank's Ray worker
     eos_token_id: Optional[int] = None  # stop token when no tokenizer is given
+    # TP 1: run vLLM's engine core in a child process (vLLM's default) instead of this one
+    multiprocessing: bool = False
     extra: dict = field(default_factory=dict)  # more vllm.LLM keyword arguments
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` keyword arguments of these settings."""
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            skip_tokenizer_init=True,
+            tensor_parallel_size=int(self.tensor_parallel),
+            dtype=self.dtype,
+            seed=self.seed,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+            enable_sleep_mode=self.enable_sleep_mode,
+            enable_prefix_caching=self.enable_prefix_caching,
+            worker_extension_cls="rlhf.workers.vllm_ext.WeightSyncExtension",
+            logprobs_mode="processed_logprobs",
+        )
+        if self.max_model_len:
+            kwargs["max_model_len"] = int(self.max_model_len)
+        if self.max_num_seqs:
+            kwargs["max_num_seqs"] = int(self.max_num_seqs)
+        if self.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = int(self.max_num_batched_tokens)
+        if int(self.tensor_parallel) > 1:
+            kwargs["distributed_executor_backend"] = "ray"
+        kwargs.update(self.extra)
+        return kwargs
 
 
 def _free_total() -> tuple[int, int]:
@@ -92,36 +120,21 @@ class VLLMEngine:
         for k, v in SAFE_ENV.items():
             os.environ.setdefault(k, v)
         tp = int(cfg.tensor_parallel)
-        kwargs: dict[str, Any] = dict(
-            model=cfg.model_path,
-            skip_tokenizer_init=True,
-            tensor_parallel_size=tp,
-            dtype=cfg.dtype,
-            seed=cfg.seed,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
-            enable_sleep_mode=cfg.enable_sleep_mode,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            worker_extension_cls="rlhf.workers.vllm_ext.WeightSyncExtension",
-            logprobs_mode="processed_logprobs",
-        )
-        if cfg.max_model_len:
-            kwargs["max_model_len"] = int(cfg.max_model_len)
-        if cfg.max_num_seqs:
-            kwargs["max_num_seqs"] = int(cfg.max_num_seqs)
-        if cfg.max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = int(cfg.max_num_batched_tokens)
-        if tp == 1:
+        kwargs = cfg.llm_kwargs()
+        if tp == 1 and not cfg.multiprocessing:
             # the engine core and its worker in this process: collective_rpc runs here, and the CUDA
             # IPC handles open in the process that holds the model
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         else:
-            kwargs["distributed_executor_backend"] = "ray"
+            if tp == 1:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+            # weight-sync arguments (IPC handles, tensor metadata) cross to the engine core pickled
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if tp > 1:
             if cfg.bundle_indices is not None:
                 os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(str(int(i)) for i in cfg.bundle_indices)
             os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(cfg.gpu_share)
-        kwargs.update(cfg.extra)
-        self.in_process = tp == 1
+        self.in_process = tp == 1  # this process can see the engine's GPU
         if self.in_process:
             torch.cuda.init()
         self.mem_before = _free_total() if self.in_process else (0, 0)

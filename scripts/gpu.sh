@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU suite and benchmarks, on the device machine (docs/gpu.md says how to get there).
+#
+#   bash scripts/gpu.sh                 # every job
+#   bash scripts/gpu.sh tests-hybrid bench-sync-ipc     # some jobs
+#   BUDGET_S=540 bash scripts/gpu.sh    # stop starting jobs that would end after 540 s
+#
+# Needs the bundle installed (.gpu/tools/install.sh puts vLLM, DeepSpeed, Ray, ... in /tmp/site).
+# Jobs run independently: each under its own timeout, each failure recorded and the next job run.
+# With two GPUs, lane 0 (GPU 0) and lane 1 (GPU 1) run side by side, then the jobs that need both.
+# With one GPU every job runs on GPU 0, in priority order. Every job starts its own Ray cluster
+# (RAY_ADDRESS=local); what a job leaves running is ended by its tag when it returns.
+#
+# Results ($OUT, else /tmp/rlhf-gpu/out): log (this script's output), lane0.log, lane1.log,
+# both.log (the jobs' output), results.jsonl (every figure measured, one JSON per line),
+# bench.json (the benchmark tables), summary.txt (jobs, exit codes, seconds).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/rlhf-gpu/out}
+WORK=/tmp/rlhf-gpu
+mkdir -p "$OUT" "$WORK/results"
+START=$(date +%s)
+DEADLINE=$(( START + ${BUDGET_S:-560} ))
+
+export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/site/bin:$PATH
+export TORCH_CUDA_ARCH_LIST=9.0            # DeepSpeed's op builder cannot parse the image's "9.0a"
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RAY_ADDRESS=local RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+export RLHF_GPU_OUT=$WORK/results
+PY=python3
+
+NGPU=${GPU_SH_NGPU:-$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}
+echo "gpu.sh: $NGPU GPU(s), budget $(( DEADLINE - START )) s, $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/  /'
+
+PYTEST="$PY -m pytest -c scripts/pytest-gpu.ini --rootdir=. -m gpu -v -rA --durations=0 -p no:randomly"
+
+# name | lane (0, 1 or both) | timeout s | command
+JOBS=$(cat <<'T'
+tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
+grpo|0|330|bash scripts/grpo_gpu.sh hybrid
+bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
+bench-rollout-05b|1|300|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
+bench-sync-ipc|1|240|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
+bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework
+tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
+bench-sync-nccl|both|200|$PY -m bench.sync --mode nccl --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
+grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
+grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2
+T
+)
+[ -n "${GPU_SH_JOBS:-}" ] && JOBS=$(cat "$GPU_SH_JOBS")   # a dry run's stand-in table
+
+WANT=" $* "
+want() { [ "$WANT" = "  " ] || [[ "$WANT" == *" $1 "* ]]; }
+
+kill_tag() {  # end every process this job started (they all carry its tag in their environment)
+  local tag=$1 p
+  for p in /proc/[0-9]*; do
+    if grep -qz "^RLHF_JOB_TAG=$tag\$" "$p/environ" 2>/dev/null; then kill -9 "${p#/proc/}" 2>/dev/null; fi
+  done
+}
+
+run_job() {  # name timeout gpus command
+  local name=$1 t=$2 gpus=$3 cmd=$4
+  local left=$(( DEADLINE - $(date +%s) ))
+  if (( left < 45 )); then
+    echo "=== JOB $name SKIPPED: ${left}s left"; echo "$name skipped (no time)" >> "$WORK/summary.txt"; return
+  fi
+  (( t > left )) && t=$left
+  local tag="rj$RANDOM$RANDOM" t0=$(date +%s)
+  echo "=== JOB $name start $(date +%T) timeout ${t}s GPUs $gpus"
+  CUDA_VISIBLE_DEVICES=$gpus RLHF_JOB_TAG=$tag RAY_TMPDIR=/tmp/$tag PYTEST="$PYTEST" PY=$PY \
+    timeout -k 10 "$t" bash -c "$cmd"
+  local rc=$?
+  kill_tag "$tag"; rm -rf "/tmp/$tag"
+  local dt=$(( $(date +%s) - t0 ))
+  echo "=== JOB $name rc=$rc ${dt}s $( ((rc == 124)) && echo TIMEOUT)"
+  echo "$name rc=$rc ${dt}s" >> "$WORK/summary.txt"
+}
+
+run_lane() {  # lane gpus
+  local lane=$1 gpus=$2 name ln t cmd
+  while IFS='|' read -r name ln t cmd; do
+    [ -z "$name" ] && continue
+    want "$name" || continue
+    if [ "$NGPU" -ge 2 ]; then [ "$ln" = "$lane" ] || continue
+    else [ "$ln" = both ] && continue; fi
+    cmd=${cmd//\$PYTEST/$PYTEST}; cmd=${cmd//\$PY/$PY}
+    run_job "$name" "$t" "$gpus" "$cmd"
+  done <<< "$JOBS"
+}
+
+: > "$WORK/summary.txt"
+if [ "$NGPU" -ge 2 ]; then
+  run_lane 0 0 > "$OUT/lane0.log" 2>&1 &
+  p0=$!
+  run_lane 1 1 > "$OUT/lane1.log" 2>&1 &
+  p1=$!
+  wait $p0 $p1
+  run_lane both 0,1 > "$OUT/both.log" 2>&1
+elif [ "$NGPU" -eq 1 ]; then
+  run_lane 0 0 > "$OUT/lane0.log" 2>&1
+  echo "one GPU: the jobs that need two (tests-nccl, bench-sync-nccl, grpo-disagg, grpo-hybrid2) not run" | tee -a "$WORK/summary.txt"
+else
+  echo "no GPU visible: nothing run" | tee -a "$WORK/summary.txt"
+fi
+
+# collect: results, benchmark tables, the tail of each job's table
+cp "$WORK/results/results.jsonl" "$OUT/results.jsonl" 2>/dev/null
+$PY - "$WORK/results" "$OUT/bench.json" <<'PYEOF'
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1]); out = {}
+for f in sorted(d.glob("bench_*.json")):
+    out[f.stem] = json.loads(f.read_text())
+pathlib.Path(sys.argv[2]).write_text(json.dumps(out, indent=1, default=str))
+PYEOF
+{ echo "jobs:"; cat "$WORK/summary.txt"; } > "$OUT/summary.txt"
+echo; cat "$OUT/summary.txt"
+echo; echo "tables:"
+for f in "$OUT"/lane0.log "$OUT"/lane1.log "$OUT"/both.log; do
+  [ -f "$f" ] && grep -E -A12 "^(rollout,|weight sync,|actor update,)" "$f" | grep -v "^--$"
+done
+grep -h "^RESULT" "$OUT"/*.log 2>/dev/null | grep -E '"name": "(greedy_|ipc_sync|nccl_sync|sleep_level|logprob_mismatch|grpo)' \
+  | cut -c1-400
+echo "gpu.sh done in $(( $(date +%s) - START )) s"
