@@ -1,0 +1,96 @@
+"""Prompt data for RL: read jsonl/json/parquet files (or ``builtin:<task>/<split>``), then serve
+rows step by step in a seeded order.
+
+Each row is a dict; the prompt text is ``row[spec.data.prompt_key]`` (rendered through the
+tokenizer's chat template as a user message when ``data.chat_template`` is true); every other
+column travels with the samples to the reward functions as metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+from rlhf.spec.errors import UserError
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def resolve_file(name: str) -> str:
+    if name.startswith("builtin:"):
+        from rlhf.data.builtin import data_file
+
+        return str(data_file(name.split(":", 1)[1]))
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise UserError(f"data file {name!r} does not exist (relative paths start at {os.getcwd()}).")
+    return str(path)
+
+
+def read_rows(name: str, prompt_key: Optional[str] = None) -> list[dict]:
+    """All rows of one data file, through ``datasets`` (offline)."""
+    path = resolve_file(name)
+    fmt = FORMATS.get(Path(path).suffix)
+    if fmt is None:
+        raise UserError(f"data file {name!r}: unknown format. Use .jsonl, .json, .parquet or .csv.")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_dataset(fmt, data_files=path, split="train")
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"cannot read data file {name!r}: {type(e).__name__}: {e}".split("\n")[0]) from None
+    if prompt_key is not None and prompt_key not in ds.column_names:
+        raise UserError(
+            f"data file {name!r} has no column {prompt_key!r} (columns: {', '.join(ds.column_names)}). "
+            f"Set data.prompt_key to the prompt column."
+        )
+    if len(ds) == 0:
+        raise UserError(f"data file {name!r} has no rows.")
+    return ds.to_list()
+
+
+class PromptSource:
+    """Rows of the training files, mixed by ``data.weights``, shuffled per epoch with the run seed."""
+
+    def __init__(self, data_spec: Any, seed: int):
+        self.spec = data_spec
+        self.files = [read_rows(f, data_spec.prompt_key) for f in data_spec.train_files]
+        self.weights = list(data_spec.weights) if data_spec.weights else [len(r) for r in self.files]
+        self.rng = random.Random(seed)
+        self.consumed = 0
+        self._orders = [self._order(i) for i in range(len(self.files))]
+        self._pos = [0] * len(self.files)
+
+    def _order(self, i: int) -> list[int]:
+        idx = list(range(len(self.files[i])))
+        if self.spec.shuffle:
+            self.rng.shuffle(idx)
+        return idx
+
+    def next(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            i = 0 if len(self.files) == 1 else self.rng.choices(range(len(self.files)), weights=self.weights)[0]
+            if self._pos[i] >= len(self._orders[i]):
+                self._orders[i], self._pos[i] = self._order(i), 0
+            out.append(self.files[i][self._orders[i][self._pos[i]]])
+            self._pos[i] += 1
+        self.consumed += n
+        return out
+
+    def state_dict(self) -> dict:
+        return {"consumed": self.consumed, "pos": list(self._pos), "rng": self.rng.getstate()}
+
+
+def render_prompt(row: dict, data_spec: Any, tokenizer) -> str:
+    text = row[data_spec.prompt_key]
+    if isinstance(text, list):  # chat messages
+        return tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True)
+    if data_spec.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": str(text)}], tokenize=False,
+                                             add_generation_prompt=True)
+    return str(text)

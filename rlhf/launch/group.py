@@ -1,0 +1,88 @@
+"""ActorGroup: N Ray actors of one role that form one torch.distributed group."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import ray
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def worker_env(spec: Any) -> dict[str, str]:
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in [REPO_ROOT, os.environ.get("PYTHONPATH", "")] if p),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "DS_ACCELERATOR": "cpu" if spec.device == "cpu" else "cuda",
+    }
+    for key in ("RLHF_CACHE", "HF_HOME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    if spec.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+class ActorGroup:
+    """``world_size`` actors of ``worker_cls``, rank i on ``slots[i]`` = (placement group, bundle).
+
+    ``resources`` is what each actor takes from its bundle, e.g. {"CPU": 0.5} or {"GPU": 0.5,
+    "CPU": 0.1}. Rank 0 picks MASTER_ADDR/PORT, then every rank joins the process group and
+    loads its models (``Worker.init_distributed``).
+    """
+
+    def __init__(self, worker_cls: type, spec: Any, role: str, slots: Sequence[tuple[Any, int]],
+                 resources: dict[str, float]):
+        self.role = role
+        self.world_size = len(slots)
+        remote_cls = ray.remote(worker_cls)
+        env = worker_env(spec)
+        self.workers = []
+        for rank, (pg, bundle) in enumerate(slots):
+            opts: dict = {
+                "num_cpus": resources.get("CPU", 0),
+                "num_gpus": resources.get("GPU", 0),
+                "runtime_env": {"env_vars": env},
+                "name": None,
+                "max_concurrency": 1,
+            }
+            if pg is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle,
+                    placement_group_capture_child_tasks=False)
+            self.workers.append(remote_cls.options(**opts).remote(spec, role, rank, self.world_size))
+
+    def start(self) -> list:
+        """Async: join the process group and load models. ``ray.get`` the result to wait."""
+        addr, port = ray.get(self.workers[0].address.remote())
+        return [w.init_distributed.remote(addr, port) for w in self.workers]
+
+    def call_async(self, method: str, *args, **kwargs) -> list:
+        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+
+    def call(self, method: str, *args, **kwargs) -> list:
+        return ray.get(self.call_async(method, *args, **kwargs))
+
+    def scatter_async(self, method: str, shards: Sequence[Any], *args, **kwargs) -> list:
+        """Rank i gets ``shards[i]`` as its first argument."""
+        assert len(shards) == len(self.workers)
+        return [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
+
+    def scatter(self, method: str, shards: Sequence[Any], *args, **kwargs) -> list:
+        return ray.get(self.scatter_async(method, shards, *args, **kwargs))
+
+    def kill(self) -> None:
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.workers = []

@@ -1,0 +1,135 @@
+"""The losses of the supervised loops (SFT, reward model, DPO) as ``fn(model, micro_batch)``.
+
+A training worker calls ``loss, stats = fn(model, mb)`` on each micro-batch and backpropagates
+``loss``; for evaluation it calls the same function under ``torch.no_grad``. ``model`` is the HF
+module (a DeepSpeed engine's ``.module`` is fine, including ZeRO-3: only the module's own
+forwards are called). The functions are plain picklable objects so they travel to Ray actors.
+
+Normalisation: each micro-batch carries ``loss_scale`` (a float tensor) that the driver set so that
+summing ``loss`` over every micro-batch of every rank gives the global-batch mean (tokens for SFT,
+pairs for RM/DPO), times the data-parallel world size because DeepSpeed averages gradients over
+ranks (see ``rlhf.algos.losses`` for the same convention in RL). ``stats`` are sums (not means)
+so the driver can add them over micro-batches and ranks and divide once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from rlhf.algos.losses import token_logprobs
+from rlhf.algos.preference import bradley_terry_loss, dpo_loss, sft_loss
+from rlhf.data.preference import last_token_values, sequence_logps
+from rlhf.data.sft import model_inputs
+
+Stats = dict[str, float]
+
+
+def _inputs(model: Any, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    cfg = getattr(model, "config", None)
+    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    dtype = next(model.parameters()).dtype
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    return model_inputs(mb, dtype=dtype, attn_impl=attn)
+
+
+def token_logps(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[B, T]``: at position t the log-prob of ``input_ids[:, t]`` given the tokens before it
+    (position 0 holds 0: nothing predicts it, and it is never a trained token)."""
+    logits = model(**_inputs(model, mb), use_cache=False).logits
+    lp = token_logprobs(logits[:, :-1], mb["input_ids"][:, 1:])
+    return torch.nn.functional.pad(lp, (1, 0))
+
+
+def _n_seqs(mb: dict[str, torch.Tensor]) -> int:
+    return int(mb["last"].shape[0])
+
+
+@dataclass
+class SFTObjective:
+    """Next-token loss on response tokens (``loss_mask``), token mean over the global batch."""
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
+        logits = model(**_inputs(model, mb), use_cache=False).logits
+        nll, n = sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mb["loss_mask"][:, 1:])
+        loss = nll * mb["loss_scale"].to(nll.dtype)
+        return loss, {"nll_sum": float(nll.detach()), "tokens": float(n)}
+
+
+def sequence_scores(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A sequence-classification model's score at each sequence's last token, ``[n_seqs]``.
+
+    Runs the backbone and the score head separately so that packed rows (several sequences in one
+    row) work; the head is ``score`` (Llama, Qwen2, Mistral, Gemma...) or ``classifier``."""
+    backbone = model.base_model
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no score/classifier head")
+    hidden = backbone(**_inputs(model, mb), use_cache=False).last_hidden_state
+    values = head(hidden).squeeze(-1).float()
+    return last_token_values(values, mb)
+
+
+@dataclass
+class RMObjective:
+    """Bradley-Terry loss on (chosen, rejected) scores; sequence 2i is chosen, 2i+1 rejected."""
+
+    margin: Optional[float] = None
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
+        s = sequence_scores(model, mb)
+        chosen, rejected = s[0::2], s[1::2]
+        m = None if self.margin is None else torch.full_like(chosen, float(self.margin))
+        loss, acc = bradley_terry_loss(chosen, rejected, m)
+        total = loss.sum()
+        return total * mb["loss_scale"].to(total.dtype), {
+            "loss_sum": float(total.detach()),
+            "correct": float(acc.sum()),
+            "pairs": float(chosen.numel()),
+            "chosen_score_sum": float(chosen.detach().sum()),
+            "rejected_score_sum": float(rejected.detach().sum()),
+        }
+
+
+@dataclass
+class SequenceLogps:
+    """Summed response log-probs per sequence (for the frozen reference): ``fn(model, mb) -> [n]``."""
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sequence_logps(token_logps(model, mb), mb, _n_seqs(mb)).float()
+
+
+@dataclass
+class DPOObjective:
+    """DPO / IPO / hinge / cDPO on summed response log-probs; the reference log-probs come in the
+    micro-batch (``ref_logp [n_seqs]``, computed once before training)."""
+
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    reference_free: bool = False
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
+        logp = sequence_logps(token_logps(model, mb), mb, _n_seqs(mb))
+        ref = mb.get("ref_logp")
+        ref_c = None if ref is None else ref[0::2]
+        ref_r = None if ref is None else ref[1::2]
+        loss, m = dpo_loss(
+            logp[0::2], logp[1::2], ref_c, ref_r,
+            beta=self.beta, loss_type=self.loss_type, label_smoothing=self.label_smoothing,
+            reference_free=self.reference_free,
+        )
+        total = loss.sum()
+        return total * mb["loss_scale"].to(total.dtype), {
+            "loss_sum": float(total.detach()),
+            "pairs": float(loss.numel()),
+            "correct": float(m["accuracy"].sum()),
+            "chosen_reward_sum": float(m["chosen_reward"].sum()),
+            "rejected_reward_sum": float(m["rejected_reward"].sum()),
+            "margin_sum": float(m["margin"].sum()),
+            "chosen_logp_sum": float(logp[0::2].detach().sum()),
+            "rejected_logp_sum": float(logp[1::2].detach().sum()),
+        }

@@ -1,0 +1,396 @@
+"""The RL loop: PPO, GRPO, Dr.GRPO, RLOO, REINFORCE++ and REINFORCE++-baseline.
+
+One step, top to bottom:
+
+    prompts   → rollout engines sample group_size responses each (seeded per prompt)
+              → reward functions (+ reward model) score them; dynamic sampling may resample
+              → reference log-probs (KL), old log-probs (off-policy steps / KL in reward),
+                critic values (PPO)
+              → advantages (rlhf.algos.compute_advantages, KL in reward, overlong penalty)
+              → policy update (+ critic update), mini-batches × epochs, split over DP ranks
+              → weight sync to the rollout engines → metrics → checkpoint hook
+
+Everything placement- or device-specific is behind ``cluster``; all math is in ``rlhf.algos``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from rlhf import algos
+from rlhf.data.batch import Batch, collate, concat, select, size
+from rlhf.data.prompts import PromptSource, render_prompt
+from rlhf.rewards import Rewards
+from rlhf.workers.rollout import Sample, Sampling
+from rlhf.workers.sync import make_sync
+
+
+class Phases:
+    """Wall time per phase of a step: ``with phases("generate"): ...``."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+    from rlhf.models import load_tokenizer, resolve_model_path
+
+    algo, B = spec.algo, spec.batch
+    tokenizer = load_tokenizer(resolve_model_path(spec.model.path, spec.model))
+    data = PromptSource(spec.data, spec.train.seed)
+    rewards = Rewards(spec.reward)
+    kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
+              else algos.FixedKLController(algo.kl.coef))
+    sync = make_sync(spec, cluster)
+    use_ref = cluster.reference is not None
+    kl_in_reward = use_ref and algo.kl.placement == "reward"
+    need_old_logp = B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
+    metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
+    history: list[dict[str, float]] = []
+    try:
+        for step in range(spec.train.steps):
+            ph = Phases()
+            t_step = time.perf_counter()
+
+            # ---- generate + reward (dynamic sampling keeps only groups that teach something)
+            rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
+                spec, step, data, tokenizer, cluster, rewards, ph)
+            batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
+                            tokenizer.pad_token_id, spec.rollout.max_response_tokens)
+            mask = batch["response_mask"]
+            batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
+
+            # ---- reference log-probs, old log-probs, values
+            if use_ref:
+                with ph("reference"):
+                    batch["ref_logp"] = dp_forward(cluster.reference, "logprobs", batch)
+            if need_old_logp:
+                with ph("old_logp"):
+                    batch["old_logp"] = dp_forward(cluster.actor, "logprobs", batch)
+            values = None
+            if cluster.critic is not None:
+                with ph("critic"):
+                    values = dp_forward(cluster.critic, "values", batch)
+                    batch["old_values"] = values
+
+            # ---- advantages
+            with ph("advantages"):
+                adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples)
+
+            # ---- update policy (and critic), then sync the rollout engines
+            with ph("update"):
+                plans = update_plan(spec, batch, step)
+                refs = scatter_update(cluster.actor, batch, plans, spec)
+                if cluster.critic is not None:
+                    refs_c = scatter_update(cluster.critic, batch, plans, spec)
+                actor_stats = combine(_get(refs))
+                critic_stats = combine(_get(refs_c)) if cluster.critic is not None else {}
+            if kl_in_reward:
+                kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
+            with ph("sync"):
+                sync.sync()
+
+            # ---- log
+            ph.times["step"] = time.perf_counter() - t_step
+            m = step_metrics(spec, samples, scores, parts, mask, ph.times)
+            m.update(adv_metrics)
+            m.update(actor_stats)
+            m.update(critic_stats)
+            m.update(ds_stats)
+            if values is not None:
+                m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
+            m["kl/coef"] = kl_ctl.value
+            history.append(m)
+            metrics_file.write(json.dumps({"step": step, **m}) + "\n")
+            metrics_file.flush()
+            if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1:
+                tracker.log(step, m)
+            console.step(step, m)
+            maybe_checkpoint(spec, step, cluster, data)
+    finally:
+        metrics_file.close()
+        rewards.close()
+    return summarize(history)
+
+
+# ----------------------------------------------------------------------------- generation + reward
+
+
+def sampling_for(spec: Any, step: int, first_prompt: int, n_prompts: int) -> Sampling:
+    seeds = tuple(spec.train.seed * 1_000_000_007 + step * 100_003 + first_prompt + i for i in range(n_prompts))
+    r = spec.rollout
+    return Sampling(n=spec.algo.group_size, max_new_tokens=r.max_response_tokens, temperature=r.temperature,
+                    top_p=r.top_p, top_k=r.top_k, seeds=seeds)
+
+
+def generate(spec: Any, cluster: Any, prompt_ids: list[list[int]], step: int, offset: int = 0) -> list[Sample]:
+    """Split the prompts over the rollout engines (contiguous chunks), keep prompt-major order."""
+    import ray
+
+    workers = cluster.rollout.workers
+    n = len(prompt_ids)
+    per = math.ceil(n / len(workers))
+    refs, starts = [], []
+    for e, w in enumerate(workers):
+        lo, hi = e * per, min(n, (e + 1) * per)
+        if lo >= hi:
+            continue
+        refs.append(w.generate.remote(prompt_ids[lo:hi], sampling_for(spec, step, offset + lo, hi - lo)))
+        starts.append(lo)
+    out: list[Sample] = []
+    for lo, part in zip(starts, ray.get(refs)):
+        for s in part:
+            s.prompt_index += lo
+            out.append(s)
+    return out
+
+
+def tokenize_prompts(spec: Any, tokenizer, rows: list[dict]) -> list[list[int]]:
+    out = []
+    for row in rows:
+        text = render_prompt(row, spec.data, tokenizer)
+        templated = spec.data.chat_template or isinstance(row[spec.data.prompt_key], list)
+        ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        out.append(ids[-spec.rollout.max_prompt_tokens:])  # keep the end of an over-long prompt
+    return out
+
+
+def score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids) -> tuple[torch.Tensor, dict]:
+    prompts = [tokenizer.decode(prompt_ids[s.prompt_index], skip_special_tokens=True) for s in samples]
+    responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    keys = [k for k in rows[0] if k != spec.data.prompt_key]
+    metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in keys}
+    metadata["finish_reasons"] = [s.finish_reason for s in samples]
+    total, parts = rewards.score(prompts, responses, metadata) if rewards.functions else ([0.0] * len(samples), {})
+    scores = torch.tensor(total, dtype=torch.float32)
+    if cluster.reward_model is not None:
+        batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
+                        tokenizer.pad_token_id, spec.rollout.max_response_tokens)
+        rm = dp_forward(cluster.reward_model, "scores", batch)
+        parts["model"] = rm.tolist()
+        scores = scores + spec.reward.model_weight * rm
+    return scores, parts
+
+
+def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
+    """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups.
+
+    With ``algo.dynamic_sampling`` (DAPO) groups whose scores are all equal are dropped and more
+    prompts are drawn, up to 4 rounds; if still short, dropped groups fill the batch (their
+    advantage is zero, so they add no gradient) and ``data/filled_groups`` says how many.
+    """
+    P, G = spec.batch.prompts_per_step, spec.algo.group_size
+    kept: list[tuple[dict, list[int], list[Sample], list[float], dict]] = []
+    dropped: list = []
+    rounds = 4 if spec.algo.dynamic_sampling else 1
+    for r in range(rounds):
+        rows = data.next(P)
+        prompt_ids = tokenize_prompts(spec, tokenizer, rows)
+        with ph("generate"):
+            samples = generate(spec, cluster, prompt_ids, step, offset=r * P)
+        with ph("reward"):
+            scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids)
+        keep = torch.ones(len(samples), dtype=torch.bool)
+        if spec.algo.dynamic_sampling:
+            keep, _ = algos.dynamic_sampling_filter(scores, G)
+        for i in range(P):
+            sl = slice(i * G, (i + 1) * G)
+            group = (rows[i], prompt_ids[i], samples[sl], scores[sl].tolist(), {k: v[sl] for k, v in parts.items()})
+            (kept if bool(keep[i * G]) else dropped).append(group)
+        if len(kept) >= P:
+            break
+    n_kept = min(len(kept), P)
+    groups = kept[:P] + dropped[: P - n_kept]
+    rows = [g[0] for g in groups]
+    prompt_ids = [g[1] for g in groups]
+    samples = []
+    for i, g in enumerate(groups):
+        for s in g[2]:
+            s.prompt_index = i
+            samples.append(s)
+    scores = torch.tensor([x for g in groups for x in g[3]], dtype=torch.float32)
+    parts = {k: [x for g in groups for x in g[4][k]] for k in (groups[0][4] if groups else {})}
+    stats = {}
+    if spec.algo.dynamic_sampling:
+        stats = {"data/kept_groups": float(n_kept), "data/filled_groups": float(P - n_kept),
+                 "data/sampling_rounds": float(r + 1)}
+    return rows, prompt_ids, samples, scores, parts, stats
+
+
+def _pad_logprobs(samples: list[Sample], width: int) -> torch.Tensor:
+    out = torch.zeros(len(samples), width)
+    for i, s in enumerate(samples):
+        lp = s.logprobs[:width]
+        if lp:
+            out[i, : len(lp)] = torch.tensor(lp)
+    return out
+
+
+# ----------------------------------------------------------------------------- data parallel calls
+
+
+def shards(batch: Batch, world: int) -> list[Batch]:
+    n = size(batch)
+    per = n // world
+    return [select(batch, slice(r * per, (r + 1) * per if r < world - 1 else n)) for r in range(world)]
+
+
+def dp_forward(group: Any, method: str, batch: Batch) -> torch.Tensor:
+    """Split rows over the group's ranks, run ``method`` on each shard, concatenate."""
+    return torch.cat(group.scatter(method, shards(batch, group.world_size)))
+
+
+def update_plan(spec: Any, batch: Batch, step: int) -> list[tuple[torch.Tensor, float]]:
+    """(rows, global loss denominator) of every optimizer step of this rollout batch.
+
+    The order does not depend on the number of ranks: one mini-batch and one epoch keep the
+    sampled order; otherwise every epoch is a seeded permutation cut into mini-batches.
+    """
+    algo = spec.algo
+    n = size(batch)
+    mini = spec.batch.mini_batch_size if n == spec.batch.samples_per_step else n
+    plan = []
+    for epoch in range(algo.epochs):
+        if mini == n and algo.epochs == 1:
+            order = torch.arange(n)
+        else:
+            g = torch.Generator().manual_seed(spec.train.seed * 7919 + step * 104729 + epoch)
+            order = torch.randperm(n, generator=g)
+        for k in range(n // mini):
+            rows = order[k * mini:(k + 1) * mini]
+            den = algos.aggregation_denominator(batch["response_mask"][rows], algo.loss_agg,
+                                                spec.rollout.max_response_tokens)
+            plan.append((rows, den))
+    return plan
+
+
+UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "advantages", "returns",
+               "old_logp", "ref_logp", "rollout_logp", "old_values")
+
+
+def scatter_update(group: Any, batch: Batch, plan, spec) -> list:
+    """Rank r gets its contiguous share of every optimizer step's rows, steps one after another."""
+    W = group.world_size
+    slim = {k: v for k, v in batch.items() if k in UPDATE_KEYS}
+    per_rank: list[list[Batch]] = [[] for _ in range(W)]
+    for rows, _ in plan:
+        part = len(rows) // W
+        for r in range(W):
+            per_rank[r].append(select(slim, rows[r * part:(r + 1) * part]))
+    dens = [d for _, d in plan]
+    return group.scatter_async("update", [concat(p) for p in per_rank], dens)
+
+
+def _get(refs):
+    import ray
+
+    return ray.get(refs)
+
+
+def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k in stats[0]:
+        s = sum(st[k][0] for st in stats if k in st)
+        c = sum(st[k][1] for st in stats if k in st)
+        out[k] = s / c if c else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- advantages + metrics
+
+
+def add_advantages(spec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
+    """Shape the scores, compute advantages (and returns for PPO) into ``batch``; KL metrics."""
+    algo = spec.algo
+    mask = batch["response_mask"]
+    out: dict[str, float] = {}
+    scores = scores.clone()
+    if algo.overlong_buffer:
+        lengths = mask.sum(-1)
+        pen = algos.overlong_penalty(lengths, spec.rollout.max_response_tokens, algo.overlong_buffer,
+                                     algo.overlong_penalty)
+        # a sample cut at the length limit counts as over it
+        truncated = torch.tensor([s.finish_reason == "length" for s in samples])
+        pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
+        scores = scores + pen
+        out["reward/overlong_penalty"] = float(pen.mean())
+    if algo.reward_normalize or algo.reward_clip is not None:
+        scores = algos.normalize_scores(scores, "batch" if algo.reward_normalize else "none", algo.reward_clip)
+    token_rewards = None
+    if "ref_logp" in batch:
+        policy_logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
+        kl = algos.kl_penalty(policy_logp, batch["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
+        out["kl/mean"] = float(algos.masked_mean(kl, mask))
+        if algo.kl.placement == "reward" and kl_ctl.value > 0:
+            token_rewards = -kl_ctl.value * kl
+    adv, ret = algos.compute_advantages(
+        algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
+        group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)
+    batch["advantages"] = adv.float()
+    if ret is not None:
+        batch["returns"] = ret.float()
+    out["advantages/mean"] = float(algos.masked_mean(adv, mask))
+    out["advantages/abs_mean"] = float(algos.masked_mean(adv.abs(), mask))
+    return out
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    var_r = float(algos.masked_var(returns, mask))
+    if var_r == 0:
+        return 0.0
+    return 1.0 - float(algos.masked_var(returns - values, mask)) / var_r
+
+
+def step_metrics(spec, samples: list[Sample], scores: torch.Tensor, parts: dict, mask: torch.Tensor,
+                 times: dict[str, float]) -> dict[str, float]:
+    lengths = mask.sum(-1)
+    m = {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "reward/min": float(scores.min()),
+        "reward/max": float(scores.max()),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/truncation_rate": sum(s.finish_reason == "length" for s in samples) / max(len(samples), 1),
+    }
+    for name, vals in parts.items():
+        m[f"reward/{name}/mean"] = sum(vals) / max(len(vals), 1)
+    for name, t in times.items():
+        m[f"time/{name}"] = t
+    tokens = float(lengths.sum())
+    m["throughput/tokens_per_s"] = tokens / max(times["step"], 1e-9)
+    m["throughput/samples_per_s"] = len(samples) / max(times["step"], 1e-9)
+    if times.get("generate"):
+        m["throughput/generate_tokens_per_s"] = tokens / times["generate"]
+    return m
+
+
+def maybe_checkpoint(spec: Any, step: int, cluster: Any, data: Any) -> None:
+    """Checkpoint hook (``checkpoint.every`` / end of run). Saving and resuming are another issue:
+    they plug in here with ``cluster.actor.call("full_state_dict")``, ``data.state_dict()`` and the
+    KL controller's state."""
+    return None
+
+
+def summarize(history: list[dict[str, float]]) -> dict[str, float]:
+    if not history:
+        return {}
+    k = max(1, len(history) // 5)
+    first = sum(h["reward/mean"] for h in history[:k]) / k
+    last = sum(h["reward/mean"] for h in history[-k:]) / k
+    return {"reward/first_fifth": first, "reward/last_fifth": last, "steps": float(len(history))}

@@ -1,0 +1,10 @@
+"""Model and tokenizer loading: local Hugging Face checkpoints and the built-in tiny model.
+
+    path = resolve_model_path(spec.model.path)   # builtin:tiny -> a generated checkpoint dir
+    tok = load_tokenizer(path)
+    model = load_model(path, "causal_lm" | "token_value" | "sequence_score", dtype)
+"""
+
+from rlhf.models.load import load_model, load_tokenizer, resolve_model_path, torch_dtype
+
+__all__ = ["load_model", "load_tokenizer", "resolve_model_path", "torch_dtype"]

@@ -1,0 +1,136 @@
+"""The built-in tiny model: a randomly initialised Llama with the keymap task's word tokenizer.
+
+Built on first use under ``cache_dir()/models/<name>-<hash of its numbers>`` and then loaded with
+``from_pretrained`` like any checkpoint. Creation is atomic (write a temporary dir, rename), so
+concurrent processes (Ray workers starting together, parallel tests) are safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional
+
+from rlhf.paths import cache_dir
+
+BUILTIN_MODELS = ("tiny",)
+INIT_SEED = 0
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
+)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
+    """Yield a temporary sibling dir to fill, then rename it to ``final``.
+
+    Yields None when ``final`` already exists. If another process renames first, ours is dropped.
+    """
+    final = Path(final)
+    if final.exists():
+        yield None
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_tokenizer():
+    """A word-level tokenizer over the keymap vocabulary, wrapped as a fast HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from rlhf.data.builtin import VOCAB
+
+    vocab = {w: i for i, w in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _arch(model_spec) -> dict:
+    from rlhf.data.builtin import VOCAB
+
+    return {
+        "n_layers": model_spec.n_layers,
+        "hidden": model_spec.hidden,
+        "intermediate": model_spec.intermediate,
+        "n_heads": model_spec.n_heads,
+        "n_kv_heads": model_spec.n_kv_heads,
+        "vocab": len(VOCAB),
+        "tie_embeddings": model_spec.tie_embeddings,
+        "seed": INIT_SEED,
+        "task_version": __import__("rlhf.data.builtin", fromlist=["VERSION"]).VERSION,
+    }
+
+
+def builtin_model_dir(name: str, model_spec) -> Path:
+    """The checkpoint dir of ``builtin:<name>`` for these architecture numbers (built if missing)."""
+    from rlhf.spec.errors import UserError
+
+    if name not in BUILTIN_MODELS:
+        raise UserError(f"model.path=builtin:{name} is not a built-in model. Use builtin:tiny or a local HF dir.")
+    arch = _arch(model_spec)
+    if model_spec.vocab != arch["vocab"]:
+        raise UserError(
+            f"model.vocab={model_spec.vocab} does not match the built-in tokenizer's {arch['vocab']} tokens. "
+            f"Set model.vocab={arch['vocab']}."
+        )
+    digest = hashlib.sha1(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:10]
+    final = cache_dir() / "models" / f"{name}-{digest}"
+    with atomic_dir(final) as tmp:
+        if tmp is not None:
+            _write_tiny(tmp, arch)
+    return final
+
+
+def _write_tiny(folder: Path, arch: dict) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=arch["vocab"],
+        hidden_size=arch["hidden"],
+        intermediate_size=arch["intermediate"],
+        num_hidden_layers=arch["n_layers"],
+        num_attention_heads=arch["n_heads"],
+        num_key_value_heads=arch["n_kv_heads"],
+        max_position_embeddings=256,
+        tie_word_embeddings=arch["tie_embeddings"],
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(arch["seed"])
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)

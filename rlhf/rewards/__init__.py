@@ -1,0 +1,16 @@
+"""Rewards: user functions named in the config, combined with weights, and a reward model.
+
+A reward function has the signature
+
+    fn(prompts: list[str], responses: list[str], **metadata) -> list[float]
+
+``prompts``/``responses`` are decoded text (special tokens removed), one entry per sample;
+``metadata`` holds every other column of the prompt's data row as a list aligned with the samples
+(e.g. ``answer=[...]``), plus ``finish_reasons`` ("stop" | "length"). Take ``**metadata`` so new
+columns do not break the function. Named as ``module:function`` (importable) or
+``path/to/file.py:function``; only what the config names is loaded.
+"""
+
+from rlhf.rewards.loader import RewardFunction, Rewards, load_function
+
+__all__ = ["RewardFunction", "Rewards", "load_function"]

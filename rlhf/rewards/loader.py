@@ -1,0 +1,122 @@
+"""Load reward functions by name and score batches with them (see the package docstring)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from rlhf.spec.errors import UserError
+
+
+def load_function(ref: str) -> Callable:
+    """``module:function`` or ``path/to/file.py:function`` -> the callable (UserError otherwise)."""
+    target, _, name = ref.rpartition(":")
+    if not target or not name:
+        raise UserError(f"reward function {ref!r}: write module:function or path/to/file.py:function.")
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.abspath(os.path.expanduser(target))
+        if not os.path.isfile(path):
+            raise UserError(f"reward function {ref!r}: file {target!r} does not exist (relative paths start at {os.getcwd()}).")
+        mod_name = f"rlhf_user_reward_{abs(hash(path))}"
+        try:
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"reward function {ref!r}: importing {target} failed: {type(e).__name__}: {e}".split("\n")[0]) from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as e:  # noqa: BLE001
+            raise UserError(
+                f"reward function {ref!r}: cannot import module {target!r} ({type(e).__name__}: {e}). "
+                "Check the name, or give a file path: path/to/file.py:function.".replace("\n", " ")
+            ) from None
+    fn = getattr(module, name, None)
+    if fn is None or not callable(fn):
+        raise UserError(f"reward function {ref!r}: {target} has no function {name!r}.")
+    return fn
+
+
+@dataclass
+class RewardFunction:
+    name: str
+    ref: str
+    fn: Callable
+    weight: float
+
+
+class Rewards:
+    """The configured reward functions; ``score`` returns the weighted total and each part."""
+
+    def __init__(self, reward_spec: Any):
+        self.timeout_s = reward_spec.timeout_s
+        self.functions: list[RewardFunction] = []
+        seen: dict[str, int] = {}
+        for f in reward_spec.functions:
+            base = f.name or f.fn.rpartition(":")[2]
+            seen[base] = seen.get(base, 0) + 1
+            name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+            self.functions.append(RewardFunction(name, f.fn, load_function(f.fn), float(f.weight)))
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+
+    def score(self, prompts: list[str], responses: list[str], metadata: dict[str, list]) -> tuple[list[float], dict[str, list[float]]]:
+        """(weighted sum per sample, {function name: its raw values})."""
+        n = len(responses)
+        total = [0.0] * n
+        parts: dict[str, list[float]] = {}
+        for rf in self.functions:
+            values = self._call(rf, prompts, responses, metadata)
+            parts[rf.name] = values
+            for i, v in enumerate(values):
+                total[i] += rf.weight * v
+        return total, parts
+
+    def _call(self, rf: RewardFunction, prompts, responses, metadata) -> list[float]:
+        kwargs = dict(metadata)
+        params = inspect.signature(rf.fn).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        fut = self._pool.submit(rf.fn, list(prompts), list(responses), **kwargs)
+        try:
+            out = fut.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise UserError(
+                f"reward function {rf.ref} took more than reward.timeout_s={self.timeout_s} s on {len(responses)} "
+                "samples. Make it faster or raise reward.timeout_s."
+            ) from None
+        except Exception as e:  # noqa: BLE001
+            raise UserError(
+                f"reward function {rf.ref} raised {type(e).__name__}: {e}. Its signature must be "
+                "fn(prompts: list[str], responses: list[str], **metadata) -> list[float].".replace("\n", " ")
+            ) from None
+        try:
+            values = [float(v) for v in out]
+        except Exception:  # noqa: BLE001
+            raise UserError(
+                f"reward function {rf.ref} returned {type(out).__name__}, not a list of numbers "
+                f"(one per response)."
+            ) from None
+        if len(values) != len(responses):
+            raise UserError(
+                f"reward function {rf.ref} returned {len(values)} values for {len(responses)} responses: "
+                "return one number per response."
+            )
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            raise UserError(
+                f"reward function {rf.ref} returned a non-finite value ({values[bad[0]]}) for response {bad[0]}: "
+                "return finite numbers."
+            )
+        return values
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,135 @@
+"""``run(spec) -> exit code``: the run dir, tracking, the cluster, the loop; cleanup always.
+
+    run_dir/spec.yaml     the full resolved spec (derived batch plan and layout included)
+    run_dir/config.yaml   the user-level config: ``rlhf-run -cp <run_dir> -cn config`` reruns it
+    run_dir/metrics.jsonl one line of metrics per step
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlhf.spec.errors import UserError
+
+EXIT_USER = 2
+EXIT_INTERRUPT = 130
+NOT_YET = {
+    "sft": "supervised fine-tuning",
+    "rm": "reward model training",
+    "dpo": "DPO",
+}
+
+
+def write_run_dir(spec: Any) -> Path:
+    import yaml
+
+    from rlhf.spec.build import config_dict, to_dict
+
+    run_dir = Path(spec.output_dir or "outputs/run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    full = to_dict(spec)
+    with open(run_dir / "spec.yaml", "w") as f:
+        yaml.safe_dump(full, f, sort_keys=False)
+    cfg = config_dict(spec)
+    cfg["output_dir"] = None  # a rerun gets its own run dir
+    cfg["mode"] = "run"
+    with open(run_dir / "config.yaml", "w") as f:
+        f.write("# The resolved config of this run. Rerun it: rlhf-run -cp <this dir> -cn config\n")
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    return run_dir
+
+
+def run(spec: Any) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kind = spec.algo.kind
+    if kind != "rl":
+        print(f"error: algo={spec.algo.name}: {NOT_YET.get(kind, kind)} runs are not implemented yet "
+              "(rlhf/loops/ has only the rl loop). Use an RL algo: grpo, ppo, dr_grpo, rloo, "
+              "reinforce_pp, reinforce_pp_baseline.", file=sys.stderr)
+        return EXIT_USER
+    t0 = time.perf_counter()
+    cluster = tracker = console = None
+    status = "FAILED"
+    try:
+        run_dir = write_run_dir(spec)
+        from rlhf.track import Console, Tracker
+
+        console = Console(spec.tracking.console, spec.train.steps)
+        tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
+        console.print(f"run dir: {run_dir}")
+        console.print(tracker.where())
+        from rlhf.models import resolve_model_path
+
+        resolve_model_path(spec.model.path, spec.model)  # builds builtin:tiny once, before workers start
+        from rlhf.launch import start_cluster
+
+        cluster = start_cluster(spec)
+        console.print(f"cluster up in {time.perf_counter() - t0:.1f} s: " + ", ".join(
+            f"{r} ×{g.world_size}" for r, g in cluster.groups.items()))
+        from rlhf.loops import rl
+
+        summary = rl.run(spec, cluster, tracker, console, str(run_dir))
+        status = "FINISHED"
+        console.close()
+        console.print(
+            f"done in {time.perf_counter() - t0:.1f} s · mean reward first fifth "
+            f"{summary.get('reward/first_fifth', float('nan')):.3f} → last fifth "
+            f"{summary.get('reward/last_fifth', float('nan')):.3f}")
+        console.print(tracker.where())
+        return 0
+    except UserError as e:
+        _close(console)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        status = "KILLED"
+        _close(console)
+        print("interrupted: cleaning up", file=sys.stderr)
+        return EXIT_INTERRUPT
+    except Exception as e:
+        user = _user_error_inside(e)
+        if user is not None:
+            _close(console)
+            print(f"error: {user}", file=sys.stderr)
+            return EXIT_USER
+        raise
+    finally:
+        # a second Ctrl-C during cleanup must not leave actors behind
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            _close(console)
+            if cluster is not None:
+                cluster.shutdown()
+            if tracker is not None:
+                tracker.finish(status)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+
+
+def _close(console) -> None:
+    if console is not None:
+        console.close()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _user_error_inside(e: BaseException):
+    """A UserError raised inside a Ray worker arrives wrapped in a RayTaskError."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, UserError):
+        return cause.args[0] if cause.args else type(cause).__name__
+    if isinstance(e, UserError):
+        return e
+    return None

@@ -1,0 +1,160 @@
+"""Run tracking from the driver: MLflow params/metrics/artifacts and a console line.
+
+* ``tracking.uri`` null: a sqlite store ``sqlite:///<output root>/mlflow.db`` (created here, in
+  the driver, before any worker could race on it) with artifacts in ``<output root>/mlartifacts``.
+  The output root is the nearest ancestor of the run dir named ``outputs``, else the run dir's
+  parent.
+* params: the flattened resolved config (``rlhf.spec.build.flatten(config_dict(spec))``) plus the
+  derived batch plan and layout (``derived.*``); artifacts: ``spec.yaml`` and ``config.yaml``.
+* metrics: one ``log_batch`` per step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+def output_root(run_dir: str) -> Path:
+    p = Path(run_dir).resolve()
+    for parent in [p, *p.parents]:
+        if parent.name == "outputs":
+            return parent
+    return p.parent
+
+
+def default_tracking_uri(run_dir: str) -> str:
+    return f"sqlite:///{output_root(run_dir) / 'mlflow.db'}"
+
+
+def _params(spec: Any) -> dict[str, str]:
+    from rlhf.spec.build import config_dict, flatten, to_dict
+
+    params = flatten(config_dict(spec))
+    params.update(flatten({"batch": to_dict(spec.batch)}, "derived."))
+    params["derived.roles"] = ",".join(spec.roles)
+    params["derived.rollout_engine"] = spec.rollout_engine
+    return {k: str(v)[:6000] for k, v in params.items()}
+
+
+class Tracker:
+    """MLflow run of one training run (``tracking.backend=none``: a no-op)."""
+
+    def __init__(self, spec: Any, run_dir: str, artifacts: tuple[str, ...] = ()):
+        self.spec = spec
+        self.enabled = spec.tracking.backend == "mlflow"
+        self.run_id: Optional[str] = None
+        self.uri: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        if not self.enabled:
+            return
+        os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+        import logging
+
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        root = output_root(run_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        self.uri = spec.tracking.uri or default_tracking_uri(run_dir)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(spec.tracking.experiment)
+        if exp is None:
+            art = (root / "mlartifacts").as_uri() if not spec.tracking.uri else None
+            try:
+                self.experiment_id = self.client.create_experiment(spec.tracking.experiment, artifact_location=art)
+            except Exception:  # noqa: BLE001 - created concurrently
+                self.experiment_id = self.client.get_experiment_by_name(spec.tracking.experiment).experiment_id
+        else:
+            self.experiment_id = exp.experiment_id
+        run = self.client.create_run(self.experiment_id, run_name=Path(run_dir).name,
+                                     tags={"rlhf.run_dir": str(Path(run_dir).resolve()), "rlhf.algo": spec.algo.name})
+        self.run_id = run.info.run_id
+        params = [Param(k, v) for k, v in _params(spec).items()]
+        for i in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        for a in artifacts:
+            self.client.log_artifact(self.run_id, a)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        ms = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(ms), 1000):
+            self.client.log_batch(self.run_id, metrics=ms[i:i + 1000])
+
+    def where(self) -> str:
+        if not self.enabled:
+            return "tracking: off (tracking.backend=none)"
+        lines = [f"mlflow: run {self.run_id} in experiment {self.spec.tracking.experiment!r} at {self.uri}"]
+        if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
+            lines.append(f"        view it: mlflow ui --backend-store-uri {self.uri}")
+        return "\n".join(lines)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.enabled and self.run_id:
+            try:
+                self.client.set_terminated(self.run_id, status=status)
+            except Exception:  # noqa: BLE001
+                pass
+            self.run_id_done = self.run_id
+
+
+class Console:
+    """A live progress line (rich on a terminal), plain lines otherwise, or nothing."""
+
+    def __init__(self, mode: str, total_steps: int, stream=None):
+        self.stream = stream or sys.stdout
+        self.total = total_steps
+        self.mode = mode
+        if mode == "rich" and not self.stream.isatty():
+            self.mode = "plain"
+        self._progress = None
+        if self.mode == "rich":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+                                      TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+            self._task = self._progress.add_task("train", total=total_steps, info="")
+            self._progress.start()
+
+    @staticmethod
+    def summary(m: dict[str, float]) -> str:
+        parts = [f"reward {m.get('reward/mean', float('nan')):.3f}"]
+        if "kl/mean" in m:
+            parts.append(f"kl {m['kl/mean']:.4f}")
+        if "throughput/tokens_per_s" in m:
+            parts.append(f"{m['throughput/tokens_per_s']:.0f} tok/s")
+        if "time/step" in m:
+            parts.append(f"{m['time/step']:.2f} s/step")
+        return " · ".join(parts)
+
+    def step(self, step: int, m: dict[str, float]) -> None:
+        if self.mode == "none":
+            return
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step + 1, info=self.summary(m))
+        else:
+            print(f"step {step + 1}/{self.total} · {self.summary(m)}", file=self.stream, flush=True)
+
+    def print(self, text: str) -> None:
+        if self.mode == "none":
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

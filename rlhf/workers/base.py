@@ -1,0 +1,98 @@
+"""What every worker process does first: threads, seeds, torch.distributed, DeepSpeed's comm.
+
+Workers are Ray actors built by ``rlhf.launch.ActorGroup``. Each receives the frozen RunSpec, its
+role, rank and world size, and nothing else from the config. A group of ranks of one role forms
+one torch.distributed world (gloo on CPU, NCCL on GPU) whose rank 0 chose MASTER_ADDR/PORT.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001
+        return "127.0.0.1"
+
+
+def skip_deepspeed_shm_build() -> None:
+    """On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op (30-40 s) on first init, and
+    probes every op builder with compiler subprocesses. Mark the op unavailable instead: gloo
+    does the (tiny) collectives."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+
+
+class Worker:
+    """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
+
+    def __init__(self, spec: Any, role: str, rank: int, world_size: int):
+        self.spec = spec
+        self.role = role
+        self.rank = rank
+        self.world_size = world_size
+        self.device = spec.device
+        import torch
+
+        if self.device == "cpu":
+            threads = max(1, (os.cpu_count() or 1) // max(world_size, 1))
+            torch.set_num_threads(threads)
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.manual_seed(spec.train.seed)
+
+    # -- the two-phase start: the launcher asks rank 0 for an address, then sets every rank up
+    def address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def init_distributed(self, master_addr: str, master_port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank()),
+            LOCAL_WORLD_SIZE=str(self.world_size),
+        )
+        backend = "gloo" if self.device == "cpu" else "nccl"
+        if self.device == "cuda":
+            torch.cuda.set_device(self.local_device_index())
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size)
+        if self.device == "cpu":
+            skip_deepspeed_shm_build()
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend)
+        self.setup()
+
+    def local_rank(self) -> int:
+        return 0 if self.device == "cpu" else self.local_device_index()
+
+    def local_device_index(self) -> int:
+        return 0  # Ray sets CUDA_VISIBLE_DEVICES to the bundle's GPU
+
+    def setup(self) -> None:
+        """Load models and engines (after torch.distributed is up)."""
+
+    def ping(self) -> int:
+        return self.rank
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,295 @@
+"""Training workers: DeepSpeed engines for the policy (actor) and the critic; forward-only
+workers for the reference policy and a reward model.
+
+All methods take a *local* batch (see ``rlhf.data.batch``): the driver splits each step's samples
+over the data-parallel ranks. ``update`` receives the rows of every optimizer step of the step,
+one after another (``optimizer_steps`` blocks of equal size), and the GLOBAL loss denominator of
+each block, so that micro-batch losses summed over accumulation and averaged over ranks equal the
+whole mini-batch loss (``rlhf.algos.losses.micro_batch_loss``).
+
+Returned statistics are sums with their weights (``{name: (sum, count)}``) so the driver can
+combine ranks exactly: token-level stats are weighted by policy tokens.
+
+The critic is ``AutoModelForTokenClassification`` with one label: the checkpoint's backbone and
+a new linear head giving one value per position; the value of response token t is read at the
+position that predicts it (the state before the action), like the policy's logits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from rlhf.data.batch import Batch, response_slice, response_tokens, select, size
+from rlhf.workers.base import Worker
+
+Stats = dict[str, tuple[float, float]]
+
+
+def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, optimizer: bool = True) -> dict:
+    b = spec.batch
+    cfg: dict = {
+        "train_micro_batch_size_per_gpu": b.micro_batch_size,
+        "gradient_accumulation_steps": b.grad_accum,
+        "train_batch_size": b.micro_batch_size * b.grad_accum * b.train_world_size,
+        "gradient_clipping": max_grad_norm,
+        "zero_optimization": {"stage": spec.train.zero_stage},
+        "bf16": {"enabled": spec.model.dtype == "bfloat16"},
+        "fp16": {"enabled": spec.model.dtype == "float16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if spec.train.offload_optimizer and spec.train.zero_stage > 0:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if not optimizer:
+        cfg.pop("gradient_clipping")
+    return cfg
+
+
+def _warmup(optimizer, warmup_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
+def _forward(module, mb: Batch):
+    return module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                  position_ids=mb["position_ids"], use_cache=False)
+
+
+def _to(batch: Batch, device) -> Batch:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+class _Model(Worker):
+    """Shared loading: the checkpoint path, the tokenizer ids, the device."""
+
+    kind = "causal_lm"
+
+    def model_path(self) -> str:
+        from rlhf.models import resolve_model_path
+
+        return resolve_model_path(self.spec.model.path, self.spec.model)
+
+    def load(self, kind: Optional[str] = None, path: Optional[str] = None):
+        from rlhf.models import load_model, load_tokenizer
+
+        path = path or self.model_path()
+        tok = load_tokenizer(path)
+        torch.manual_seed(self.spec.train.seed)  # new heads (critic, reward) start identical everywhere
+        model = load_model(path, kind or self.kind, "float32", pad_token_id=tok.pad_token_id)
+        if self.spec.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        return model
+
+    def torch_device(self):
+        return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+
+    def micro_batches(self, batch: Batch):
+        m = self.spec.batch.micro_batch_size
+        for s in range(0, size(batch), m):
+            yield _to(select(batch, slice(s, s + m)), self.torch_device())
+
+
+class PolicyWorker(_Model):
+    """The actor: a causal LM trained with the clipped policy loss (+ KL loss, - entropy bonus)."""
+
+    def setup(self) -> None:
+        import deepspeed
+
+        algo = self.spec.algo
+        model = self.load()
+        opt = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
+            config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm),
+        )
+        self.temperature = self.spec.rollout.temperature
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        from rlhf.algos import token_logprobs
+
+        self.engine.eval()
+        out = []
+        for mb in self.micro_batches(batch):
+            logits = _forward(self.engine, mb).logits[:, response_slice(mb)]
+            out.append(token_logprobs(logits, response_tokens(mb), self.temperature).cpu())
+        return torch.cat(out)
+
+    def update(self, batch: Batch, denominators: list[float]) -> Stats:
+        from rlhf.algos import entropy_from_logits, kl_penalty, micro_batch_loss, policy_loss, token_logprobs
+
+        algo, b = self.spec.algo, self.spec.batch
+        self.engine.train()
+        n_opt = len(denominators)
+        per_step = size(batch) // n_opt
+        kl_loss = algo.kl.coef > 0 and algo.kl.placement == "loss" and "ref_logp" in batch
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        pg_total = 0.0
+
+        def add(name: str, value: float, weight: float) -> None:
+            sums[name] = sums.get(name, 0.0) + value * weight
+            counts[name] = counts.get(name, 0.0) + weight
+
+        for k in range(n_opt):
+            block = select(batch, slice(k * per_step, (k + 1) * per_step))
+            for mb in self.micro_batches(block):
+                mask = mb["response_mask"]
+                n_tok = float(mask.sum())
+                logits = _forward(self.engine, mb).logits[:, response_slice(mb)]
+                logp = token_logprobs(logits, response_tokens(mb), self.temperature)
+                old = mb["old_logp"] if "old_logp" in mb else logp.detach()
+                per_token, st = policy_loss(
+                    logp, old, mb["advantages"], mask,
+                    clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+                    ratio_level=algo.ratio_level,
+                    rollout_logp=mb.get("rollout_logp") if algo.tis_cap is not None else None,
+                    tis_cap=algo.tis_cap,
+                )
+                total = per_token
+                if algo.entropy_coef > 0:
+                    ent = entropy_from_logits(logits / self.temperature)
+                    total = total - algo.entropy_coef * ent
+                else:
+                    with torch.no_grad():
+                        ent = entropy_from_logits(logits.detach() / self.temperature)
+                if kl_loss:
+                    kl = kl_penalty(logp, mb["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
+                    total = total + algo.kl.coef * kl
+                    add("actor/kl_loss", float((kl.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+                loss = micro_batch_loss(total, mask, algo.loss_agg, denominators[k], self.world_size)
+                self.engine.backward(loss, scale_wrt_gas=False)
+                self.engine.step()
+                # this micro-batch's share of the optimizer step's global loss
+                pg_total += float(micro_batch_loss(per_token.detach(), mask, algo.loss_agg, denominators[k], 1))
+                for name, v in st.items():
+                    add(f"actor/{name}", float(v), n_tok)
+                add("actor/entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+            gn = self.engine.get_global_grad_norm()
+            if gn is not None:
+                add("actor/grad_norm", float(gn), 1.0)
+        out = {k: (sums[k], counts[k]) for k in sums}
+        out["actor/pg_loss"] = (pg_total / n_opt, 1.0 / self.world_size)  # combined: the global loss
+        out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
+        return out
+
+    def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
+        """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks."""
+        module = self.engine.module
+        if self.spec.train.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank == 0 else None
+            return state
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()} if self.rank == 0 else None
+
+
+class CriticWorker(_Model):
+    """PPO's value model, trained with the clipped value loss."""
+
+    kind = "token_value"
+
+    def setup(self) -> None:
+        import deepspeed
+
+        critic = self.spec.algo.critic
+        model = self.load()
+        opt = torch.optim.AdamW(model.parameters(), lr=critic.lr, weight_decay=self.spec.algo.weight_decay)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=_warmup(opt, critic.warmup_steps),
+            config=_ds_config(self.spec, critic.warmup_steps, self.spec.algo.max_grad_norm),
+        )
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        return _forward(self.engine, mb).logits[:, response_slice(mb), 0].float()
+
+    @torch.no_grad()
+    def values(self, batch: Batch) -> torch.Tensor:
+        self.engine.eval()
+        return torch.cat([self._values(mb).cpu() for mb in self.micro_batches(batch)])
+
+    def update(self, batch: Batch, denominators: list[float]) -> Stats:
+        from rlhf.algos import micro_batch_loss, value_loss
+
+        algo = self.spec.algo
+        self.engine.train()
+        n_opt = len(denominators)
+        per_step = size(batch) // n_opt
+        total_loss, clipped, n_tok_all = 0.0, 0.0, 0.0
+        for k in range(n_opt):
+            block = select(batch, slice(k * per_step, (k + 1) * per_step))
+            for mb in self.micro_batches(block):
+                mask = mb["response_mask"]
+                v = self._values(mb)
+                per_token = value_loss(v, mb["old_values"], mb["returns"], mask, algo.critic.value_clip)
+                loss = micro_batch_loss(per_token, mask, algo.loss_agg, denominators[k], self.world_size)
+                self.engine.backward(loss, scale_wrt_gas=False)
+                self.engine.step()
+                total_loss += float(loss.detach()) / self.world_size / n_opt
+                with torch.no_grad():
+                    c = ((v - mb["old_values"]).abs() > algo.critic.value_clip).float()
+                    clipped += float((c * mask).sum())
+                    n_tok_all += float(mask.sum())
+        return {
+            "critic/value_loss": (total_loss, 1.0 / self.world_size),
+            "critic/value_clip_frac": (clipped, n_tok_all),
+            "critic/lr": (self.scheduler.get_last_lr()[0], 1.0),
+        }
+
+
+class ReferenceWorker(_Model):
+    """The frozen initial policy: log-probabilities for the KL term (ZeRO-3 sharded if the run is)."""
+
+    def setup(self) -> None:
+        self.module = self._frozen(self.load())
+        self.temperature = self.spec.rollout.temperature
+
+    def _frozen(self, model):
+        model.requires_grad_(False).eval()
+        if self.spec.train.zero_stage == 3:
+            import deepspeed
+
+            cfg = _ds_config(self.spec, 0, 0.0, optimizer=False)
+            engine, *_ = deepspeed.initialize(model=model, config=cfg)
+            return engine
+        return model.to(self.torch_device())
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        from rlhf.algos import token_logprobs
+
+        out = []
+        for mb in self.micro_batches(batch):
+            logits = _forward(self.module, mb).logits[:, response_slice(mb)]
+            out.append(token_logprobs(logits, response_tokens(mb), self.temperature).cpu())
+        return torch.cat(out)
+
+
+class RewardModelWorker(ReferenceWorker):
+    """A sequence classifier with one label (reward.model_path): one score per sample, read at
+    the last real token of prompt + response."""
+
+    kind = "sequence_score"
+
+    def setup(self) -> None:
+        from rlhf.models import resolve_model_path
+
+        path = resolve_model_path(self.spec.reward.model_path, self.spec.model)
+        self.module = self._frozen(self.load("sequence_score", path))
+
+    @torch.no_grad()
+    def scores(self, batch: Batch) -> torch.Tensor:
+        out = []
+        for mb in self.micro_batches(batch):
+            logits = _forward(self.module, mb).logits  # [B, T, 1] or [B, 1]
+            if logits.dim() == 3:
+                last = mb["attention_mask"].shape[1] - 1 - mb["attention_mask"].flip(-1).argmax(-1)
+                logits = logits[torch.arange(logits.shape[0]), last]
+            out.append(logits[:, 0].float().cpu())
+        return torch.cat(out)
