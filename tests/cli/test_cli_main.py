@@ -181,7 +181,53 @@ def test_rerun_from_a_run_dir_rebuilds_the_same_spec(writer, tmp_path, monkeypat
     assert "train.stepz is not a config key" in capsys.readouterr().err
 
 
+def test_rerun_from_what_the_run_writes(tmp_path, monkeypatch, capsys):
+    """rlhf.run.write_run_dir writes spec.yaml and config.yaml; -cp <run dir> -cn config rebuilds the spec."""
+    run_module = pytest.importorskip("rlhf.run")
+    monkeypatch.chdir(tmp_path)
+    argv = ["algo=rloo", "train.steps=5", "algo.kl.coef=0.02", "output_dir=outputs/r1"]
+    first = cli.build_spec(cli.compose(argv), argv, plan=False)
+    run_dir = run_module.write_run_dir(first)
+    again = cli.build_spec(cli.compose([], config_dir=str(run_dir)), [], plan=False, config_dir=str(run_dir))
+    a, b = to_dict(first), to_dict(again)
+    assert a["output_dir"] == "outputs/r1" and b["output_dir"].startswith("outputs/")
+    for k in ("output_dir", "overrides", "changes"):
+        a.pop(k), b.pop(k)
+    assert a == b
+    saved_spec = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    assert saved_spec["batch"] == to_dict(again)["batch"] and saved_spec["layout"] == to_dict(again)["layout"]
+
+
 def test_spec_yaml_of_a_run_is_plain_data(tmp_path):
     spec = cli.build_spec(cli.compose(["algo=dpo"]), ["algo=dpo"], plan=True)
     text = json.dumps(to_dict(spec))  # everything is plain data (YAML/MLflow friendly)
     assert '"kind": "dpo"' in text
+
+
+# ----------------------------------------------------------------------------- the README stays true
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_group_table_matches_conf():
+    rows = {}
+    for line in README.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 2:
+            rows[cells[0].strip("`")] = [o.strip() for o in cells[1].split(",")]
+    for group in cli.GROUPS:
+        listed = [o for o in rows[group] if o != "(none)"]
+        assert sorted(listed) == cli.group_options(group), group
+        default = cli.default_choices()[group]
+        if default:
+            assert listed[0] == default, group
+
+
+def test_readme_plan_commands_work(capsys):
+    commands = [l.split("#")[0].strip() for l in README.read_text().splitlines()
+                if l.startswith("rlhf-run ") and "--plan" in l and " -m " not in l]
+    assert len(commands) >= 4
+    for command in commands:
+        argv = [a for a in command.split()[1:]]
+        assert cli.main(argv) == 0, command
+        capsys.readouterr()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 
 import pytest
@@ -12,6 +13,7 @@ from rlhf.paths import conf_dir
 from rlhf.spec.build import build_sections, typed_config
 from rlhf.spec.errors import SpecError
 from rlhf.spec.plan import render_plan
+from rlhf.spec import schema as S
 
 from spec_combos import AXES, as_dict, assemble, combinations, model_defaults, options
 
@@ -58,6 +60,11 @@ def test_groups_are_independent_so_assembly_is_exact():
         d = model_defaults(m)
         assert set(d) <= {"train", "rollout", "model", "algo"}, (m, set(d))
         assert all(not isinstance(v, (dict, list)) for v in (d.get("algo") or {}).values()), m
+        # model_defaults applies whatever the algo: only keys that every algo kind has
+        common = set.intersection(*({f.name for f in dataclasses.fields(c)} for c in S.ALGO_SCHEMAS.values()))
+        assert set(d.get("algo") or {}) <= common, (
+            f"model_defaults/{m}.yaml sets algo keys {set(d.get('algo') or {}) - common} that some algo kinds "
+            "lack (algo=dpo/rm/sft would not compose with this model)")
 
 
 @pytest.mark.parametrize("combo", [
