@@ -16,10 +16,11 @@ PYTEST_ARGS ?= -q
 .PHONY: install run plan test test-slow clean
 
 # torch first and pinned: left to the resolver, plain `torch` pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml setup.py
+# constraints.txt holds the versions measured together, so every fresh .venv gets the same set.
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -c constraints.txt $(TORCH)
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -450,9 +450,10 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
             cfg.output_dir = None
         if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
             cfg.output_dir = run_dir_for(cfg)
-    changes = changes_from_defaults(cfg, overrides, choices) if config_dir is None else tuple(
-        f"{o} (on {Path(config_dir).name}/config)" for o in overrides
-    )
+    if config_dir is None:
+        changes = changes_from_defaults(cfg, overrides, choices)
+    else:  # a saved config: what differs is the whole file, then the overrides on it
+        changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
     return build(cfg, overrides=tuple(overrides), changes=changes)
 
 
