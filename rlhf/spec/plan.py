@@ -153,7 +153,8 @@ def render_plan(spec: Any) -> str:
 
     p = param_count(spec.model)
     ckpt = " · gradient checkpointing" if spec.model.gradient_checkpointing else ""
-    lines.append(f"model: {spec.model.path} · {p / 1e9:.2f} B parameters · {spec.model.dtype}{ckpt}")
+    size = f"{p / 1e9:.2f} B" if p >= 1e8 else f"{p / 1e6:.2f} M"
+    lines.append(f"model: {spec.model.path} · {size} parameters · {spec.model.dtype}{ckpt}")
     if a.kind == "rl":
         kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"
         critic = f" · critic lr {a.critic.lr:g}" if a.critic is not None else ""
@@ -173,12 +174,14 @@ def render_plan(spec: Any) -> str:
     else:
         extra = f" · beta {a.beta:g} · loss {a.loss_type}" if a.kind == "dpo" else ""
         lines.append(f"algorithm: {a.name} · lr {a.lr:g}{extra}")
+        unit = "examples" if a.kind == "sft" else "pairs"
         lines.append(
-            f"batch: {b.prompts_per_step} examples/step → {b.optimizer_steps_per_step} optimizer step(s) "
+            f"batch: {b.prompts_per_step} {unit} per optimizer step "
             f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks)"
         )
     offload = " · optimizer offloaded" if spec.train.offload_optimizer else ""
-    lines.append(f"steps: {spec.train.steps} · ZeRO-{spec.train.zero_stage}{offload} · seed {spec.train.seed}")
+    length = f"steps: {spec.train.steps}" if a.kind == "rl" else f"epochs: {a.epochs}"
+    lines.append(f"{length} · ZeRO-{spec.train.zero_stage}{offload} · seed {spec.train.seed}")
 
     lines.append(f"placement ({lay.mode}, {lay.total_devices} device{'s' if lay.total_devices > 1 else ''}):")
     if lay.mode == "hybrid":
