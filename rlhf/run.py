@@ -18,11 +18,7 @@ from rlhf.spec.errors import UserError
 
 EXIT_USER = 2
 EXIT_INTERRUPT = 130
-NOT_YET = {
-    "sft": "supervised fine-tuning",
-    "rm": "reward model training",
-    "dpo": "DPO",
-}
+LOOPS = ("rl", "sft", "rm", "dpo")  # rlhf/loops/<kind>.py, each with run(spec, cluster, tracker, console, run_dir)
 
 
 def write_run_dir(spec: Any) -> Path:
@@ -49,10 +45,8 @@ def run(spec: Any) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     kind = spec.algo.kind
-    if kind != "rl":
-        print(f"error: algo={spec.algo.name}: {NOT_YET.get(kind, kind)} runs are not implemented yet "
-              "(rlhf/loops/ has only the rl loop). Use an RL algo: grpo, ppo, dr_grpo, rloo, "
-              "reinforce_pp, reinforce_pp_baseline.", file=sys.stderr)
+    if kind not in LOOPS:
+        print(f"error: algo.kind={kind!r} has no loop. Use one of: {', '.join(LOOPS)}.", file=sys.stderr)
         return EXIT_USER
     t0 = time.perf_counter()
     cluster = tracker = console = None
@@ -61,7 +55,7 @@ def run(spec: Any) -> int:
         run_dir = write_run_dir(spec)
         from rlhf.track import Console, Tracker
 
-        console = Console(spec.tracking.console, spec.train.steps)
+        console = Console(spec.tracking.console, spec.train.steps if kind == "rl" else None)
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(f"run dir: {run_dir}")
         console.print(tracker.where())
@@ -73,15 +67,19 @@ def run(spec: Any) -> int:
         cluster = start_cluster(spec)
         console.print(f"cluster up in {time.perf_counter() - t0:.1f} s: " + ", ".join(
             f"{r} ×{g.world_size}" for r, g in cluster.groups.items()))
-        from rlhf.loops import rl
+        import importlib
 
-        summary = rl.run(spec, cluster, tracker, console, str(run_dir))
+        loop = importlib.import_module(f"rlhf.loops.{kind}")
+        summary = loop.run(spec, cluster, tracker, console, str(run_dir))
         status = "FINISHED"
         console.close()
-        console.print(
-            f"done in {time.perf_counter() - t0:.1f} s · mean reward first fifth "
-            f"{summary.get('reward/first_fifth', float('nan')):.3f} → last fifth "
-            f"{summary.get('reward/last_fifth', float('nan')):.3f}")
+        if kind == "rl":
+            console.print(
+                f"done in {time.perf_counter() - t0:.1f} s · mean reward first fifth "
+                f"{summary.get('reward/first_fifth', float('nan')):.3f} → last fifth "
+                f"{summary.get('reward/last_fifth', float('nan')):.3f}")
+        else:
+            console.print(f"done in {time.perf_counter() - t0:.1f} s")
         console.print(tracker.where())
         return 0
     except UserError as e:

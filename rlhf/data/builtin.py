@@ -4,12 +4,12 @@ A fixed, seeded table maps each of ``N_KEYS`` key words to a value word. The pro
 ``ANSWER_LEN`` keys (1 by default); the best response maps each of them through the table, in
 order, and stops:
 
-    prompt:   "key k3 ="            answer: "v4"        best response: "v4" <eos>
-    reward:   fraction of the answer positions whose word is right, halved if the response has
-              more words than the answer (in [0, 1]; optimum 1.0)
+    prompt:   "key k3"              answer: "v4"        best response: "v4" <eos>
+    reward:   per answer position 1 for the right value, 0.2 for another value word; averaged,
+              halved if the response has more words than the answer (in [0, 1]; optimum 1.0)
 
-A response that ignores the prompt does poorly: every constant answer scores 1/8 on average, a
-random policy about 0.05. The data files are jsonl rows ``{"prompt", "answer"}``
+A response that ignores the prompt does poorly: a constant value scores 0.2 + 0.8/8 = 0.3 on
+average, a random policy about 0.05. The data files are jsonl rows ``{"prompt", "answer"}``
 generated on first use under ``cache_dir()/data/keymap-v<VERSION>/`` and read through the same
 path users' files take; the reward ``rlhf.rewards.builtin:keymap_reward`` reads the ``answer``
 column that the data path passes along as metadata.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rlhf.paths import cache_dir
 
-VERSION = 5
+VERSION = 7
 N_KEYS = 8
 N_VALUES = 8
 ANSWER_LEN = 1
@@ -51,15 +51,21 @@ def answer_for(keys: list[str]) -> str:
 
 
 def prompt_for(keys: list[str]) -> str:
-    return "key " + " ".join(keys) + " ="
+    return "key " + " ".join(keys)
+
+
+FORMAT_CREDIT = 0.0
 
 
 def score(response: str, answer: str) -> float:
-    """Fraction of answer positions whose word is right, halved when the response runs on past the
-    answer (it should stop: EOS right after the last value)."""
+    """Per answer position: 1 for the right value, FORMAT_CREDIT for another value word, else 0;
+    averaged over the positions, then halved when the response runs on past the answer (it should
+    stop: EOS right after the last value). In [0, 1]; only the exact answer scores 1."""
     got, want = response.split(), answer.split()
-    matched = sum(1 for g, w in zip(got, want) if g == w) / len(want)
-    return matched if len(got) <= len(want) else 0.5 * matched
+    values = set(VALUES)
+    per = [1.0 if g == w else (FORMAT_CREDIT if g in values else 0.0) for g, w in zip(got, want)]
+    s = sum(per) / len(want)
+    return s if len(got) <= len(want) else 0.5 * s
 
 
 def rows(split: str) -> list[dict]:

@@ -237,13 +237,13 @@ class Row:
     """One training row: one example, or several packed ones (``seg`` numbers them from 0)."""
 
     input_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 0 at every example's first token
     position_ids: list[int] = field(default_factory=list)
     seg: list[int] = field(default_factory=list)
 
     def add(self, ids: Sequence[int], mask: Sequence[int], seg: int) -> None:
         self.input_ids.extend(ids)
-        self.loss_mask.extend(mask)
+        self.loss_mask.extend([0, *mask[1:]] if len(mask) else [])  # an example's first token has no context
         self.position_ids.extend(range(len(ids)))
         self.seg.extend([seg] * len(ids))
 

@@ -133,3 +133,22 @@ class DPOObjective:
             "chosen_logp_sum": float(logp[0::2].detach().sum()),
             "rejected_logp_sum": float(logp[1::2].detach().sum()),
         }
+
+
+@dataclass
+class SFTRowNLL:
+    """Per row: (summed NLL of its trained tokens, number of trained tokens) → ``[B, 2]``."""
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        lp = token_logps(model, mb)
+        m = mb["loss_mask"].to(lp.dtype)
+        m[:, 0] = 0
+        return torch.stack([-(lp * m).sum(-1), m.sum(-1)], dim=-1).float()
+
+
+@dataclass
+class SequenceScores:
+    """A reward model's score of every sequence, ``[n_seqs]``."""
+
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sequence_scores(model, mb)

@@ -59,7 +59,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     sync = make_sync(spec, cluster)
     use_ref = cluster.reference is not None
     kl_in_reward = use_ref and algo.kl.placement == "reward"
-    need_old_logp = B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
+    # with vLLM sampling, the trainer's own log-probs anchor the ratio (and measure the mismatch)
+    need_old_logp = (B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
+                     or spec.rollout_engine == "vllm")
     metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
     history: list[dict[str, float]] = []
     try:
@@ -74,6 +76,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                             tokenizer.pad_token_id, spec.rollout.max_response_tokens)
             mask = batch["response_mask"]
             batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
+            with ph("to_train"):  # hybrid GPU placement: vLLM sleeps, DeepSpeed's states come back
+                phase_stats = sync.after_generate()
 
             # ---- reference log-probs, old log-probs, values
             if use_ref:
@@ -103,7 +107,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if kl_in_reward:
                 kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
             with ph("sync"):
-                sync.sync()
+                phase_stats.update(sync.sync())
 
             # ---- log
             ph.times["step"] = time.perf_counter() - t_step
@@ -112,6 +116,11 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             m.update(actor_stats)
             m.update(critic_stats)
             m.update(ds_stats)
+            m.update(phase_stats)
+            if "old_logp" in batch and spec.rollout_engine == "vllm":
+                from rlhf.workers.rollout_vllm import logprob_mismatch
+
+                m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value

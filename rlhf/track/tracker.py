@@ -129,6 +129,13 @@ class Console:
 
     @staticmethod
     def summary(m: dict[str, float]) -> str:
+        if "reward/mean" not in m and "train/loss" in m:  # sft / rm / dpo steps
+            parts = [f"loss {m['train/loss']:.4f}"]
+            if "train/accuracy" in m:
+                parts.append(f"acc {m['train/accuracy']:.3f}")
+            if "time/elapsed" in m:
+                parts.append(f"{m['time/elapsed']:.1f} s")
+            return " · ".join(parts)
         parts = [f"reward {m.get('reward/mean', float('nan')):.3f}"]
         if "kl/mean" in m:
             parts.append(f"kl {m['kl/mean']:.4f}")
@@ -137,6 +144,12 @@ class Console:
         if "time/step" in m:
             parts.append(f"{m['time/step']:.2f} s/step")
         return " · ".join(parts)
+
+    def set_total(self, total_steps: int) -> None:
+        """Loops that learn their step count from the data (sft, rm, dpo) set it here."""
+        self.total = total_steps
+        if self._progress is not None:
+            self._progress.update(self._task, total=total_steps)
 
     def step(self, step: int, m: dict[str, float]) -> None:
         if self.mode == "none":

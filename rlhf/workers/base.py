@@ -75,12 +75,17 @@ class Worker:
         if not dist.is_initialized():
             dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
                                     rank=self.rank, world_size=self.world_size)
-        if self.device == "cpu":
-            skip_deepspeed_shm_build()
-        import deepspeed
+        if self.uses_deepspeed():
+            if self.device == "cpu":
+                skip_deepspeed_shm_build()
+            import deepspeed
 
-        deepspeed.init_distributed(dist_backend=backend)
+            deepspeed.init_distributed(dist_backend=backend)
         self.setup()
+
+    def uses_deepspeed(self) -> bool:
+        """Training engines do; forward-only workers only under ZeRO-3 (importing it costs seconds)."""
+        return True
 
     def local_rank(self) -> int:
         return 0 if self.device == "cpu" else self.local_device_index()

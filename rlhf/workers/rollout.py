@@ -159,9 +159,10 @@ def make_engine(spec, model, tokenizer, device: str = "cpu") -> RolloutEngine:
 # ----------------------------------------------------------------------------- the Ray worker
 
 from rlhf.workers.base import Worker  # noqa: E402
+from rlhf.workers.rollout_vllm import EngineCallsMixin  # noqa: E402  (GPU weight sync, sleep/wake)
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(EngineCallsMixin, Worker):
     """One rollout engine (a TP group's rank 0 on GPU; one process on CPU)."""
 
     def setup(self) -> None:

@@ -240,26 +240,36 @@ class VLLMEngine:
 
     def sleep(self, level: int = 1) -> dict[str, float]:
         """Free the GPU: level 1 keeps the weights in host memory, level 2 drops them (the next
-        weight sync must then write every tensor). Returns seconds and GiB freed (TP 1 only)."""
-        t0 = time.perf_counter()
+        weight sync must then write every tensor). Returns seconds, and (TP 1) this engine's GPU
+        memory awake and asleep as NVML attributes it to the process (else device-wide free memory)."""
+        from rlhf.workers.sync_cuda import gpu_bytes_of_process
+
+        awake = gpu_bytes_of_process() if self.in_process else None
         free0 = _free_total()[0] if self.in_process else 0
+        t0 = time.perf_counter()
         self.llm.sleep(level=level)
         self.asleep = True
-        out = {"sleep_seconds": time.perf_counter() - t0}
+        out = {"time/sleep": time.perf_counter() - t0}
         if self.in_process:
-            free1, total = _free_total()
-            out.update(self._memory_fields(free0, free1))
+            free1, _ = _free_total()
+            asleep = gpu_bytes_of_process()
+            if awake is None or asleep is None:  # no per-process accounting: what the engine took at start
+                awake = max(self.mem_before[0] - self.mem_after_start[0], 1)
+                asleep = max(awake - (free1 - free0), 0)
+            out.update({
+                "memory/vllm_gib": awake / GiB,
+                "memory/vllm_asleep_gib": asleep / GiB,
+                "memory/vllm_freed_gib": (awake - asleep) / GiB,
+                "memory/vllm_freed_fraction": (awake - asleep) / max(awake, 1),
+                "memory/free_after_sleep_gib": free1 / GiB,
+            })
         return out
 
-    def _memory_fields(self, free_awake: int, free_asleep: int) -> dict[str, float]:
-        vllm_bytes = max(self.mem_before[0] - self.mem_after_start[0], 1)
-        freed = free_asleep - free_awake
-        return {
-            "vllm_gib": vllm_bytes / GiB,
-            "freed_gib": freed / GiB,
-            "freed_fraction": freed / vllm_bytes,
-            "free_after_sleep_gib": free_asleep / GiB,
-        }
+    def engine_sleep(self, level: int = 1) -> dict[str, float]:
+        return self.sleep(level)
+
+    def engine_wake(self, tags: Optional[Sequence[str]] = None) -> float:
+        return self.wake_up(tags)
 
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> float:
         """Reallocate: ``["weights"]`` before a weight sync, then ``["kv_cache"]``; None = all."""
@@ -316,6 +326,32 @@ class VLLMEngine:
 
     def ready(self) -> bool:
         return True
+
+
+class EngineCallsMixin:
+    """For a Ray worker that holds a ``VLLMEngine`` as ``self.engine`` (``RolloutWorker``): the
+    methods the GPU weight-sync senders and the hybrid schedule call, forwarded to the engine."""
+
+    def load_ipc(self, handles: dict, metas: list) -> int:
+        return self.engine.load_ipc(handles, metas)
+
+    def load_nccl(self, metas: list, nbytes: int) -> int:
+        return self.engine.load_nccl(metas, nbytes)
+
+    def sync_done(self) -> None:
+        return self.engine.sync_done()
+
+    def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int):
+        return self.engine.init_weight_group(master_address, master_port, rank_offset, world_size)
+
+    def engine_sleep(self, level: int = 1) -> dict:
+        return self.engine.sleep(level)
+
+    def engine_wake(self, tags: Optional[Sequence[str]] = None) -> float:
+        return self.engine.wake_up(tags)
+
+    def weight_digest(self) -> dict:
+        return self.engine.weight_digest()
 
 
 def _finish(reason: Any) -> str:

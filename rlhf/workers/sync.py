@@ -34,9 +34,20 @@ class WeightSync:
     def __init__(self, transport: Any):
         self.transport = transport
 
-    def sync(self) -> None:
-        self.transport.sync()
+    def after_generate(self) -> dict:
+        """Between generation and training (hybrid GPU placement: vLLM sleeps, DeepSpeed's states
+        come back). Returns metrics for the step."""
+        hook = getattr(self.transport, "after_generate", None)
+        return (hook() or {}) if hook else {}
+
+    def sync(self) -> dict:
+        """Send the updated weights; returns metrics for the step (transfer time, GB/s, ...)."""
+        return self.transport.sync() or {}
 
 
 def make_sync(spec: Any, cluster: Any) -> WeightSync:
+    if spec.device == "cuda" and spec.rollout_engine == "vllm":
+        from rlhf.workers.sync_cuda import make_transport  # CUDA IPC (hybrid) / NCCL (disaggregated)
+
+        return WeightSync(make_transport(spec, cluster))
     return WeightSync(ObjectStoreTransport(cluster.actor, cluster.rollout))

@@ -158,10 +158,10 @@ class CudaIPCSender:
                         mine.update(d)
                 if rank == 0:
                     wire = metas_to_wire(bucket.metas)
-                    pending[slot] = [e.load_ipc.remote(mine, wire) for e in self.engines]
+                    pending[slot] = [_call(e, "load_ipc", mine, wire) for e in self.engines]
             if rank == 0:
                 ray.get(pending[0] + pending[1])
-                ray.get([e.sync_done.remote() for e in self.engines])
+                ray.get([_call(e, "sync_done") for e in self.engines])
             if world > 1:
                 dist.barrier()
         finally:
@@ -216,7 +216,7 @@ class NcclSender:
         port = int(master_port or free_port())
         refs, offset = [], 1
         for e, tp in zip(self.engines, self.engine_tp):
-            refs.append(e.init_weight_group.remote(addr, port, offset, self.world_size))
+            refs.append(_call(e, "init_weight_group", addr, port, offset, self.world_size))
             offset += tp
         pg = StatelessProcessGroup.create(host=addr, port=port, rank=0, world_size=self.world_size)
         self.comm = PyNcclCommunicator(pg, device=torch.device("cuda", torch.cuda.current_device()))
@@ -242,11 +242,12 @@ class NcclSender:
                     stream.synchronize()  # the previous broadcast has read `buf`
                     flat = pack(bucket, tensors, buf)
                     wire = metas_to_wire(bucket.metas)
-                    pending = [e.load_nccl.remote(wire, bucket.nbytes) for e in self.engines]
+                    pending = [_call(e, "load_nccl", wire, bucket.nbytes) for e in self.engines]
                     self.comm.broadcast(flat, src=0, stream=stream)
         if rank == 0:
             stream.synchronize()
             ray.get(pending)
+            ray.get([_call(e, "sync_done") for e in self.engines])  # drops KV computed with old weights
         return _stats(t0, source.total_bytes, len(source.buckets))
 
     def close(self) -> None:
@@ -263,5 +264,164 @@ def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()
     if mode == "hybrid":
         return CudaIPCSender(engines)
     if mode == "disaggregated":
-        return NcclSender(engines, engine_tp or [1] * len(engines))
+        return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
     raise ValueError(f"placement mode {mode!r}: expected hybrid or disaggregated")
+
+
+# --------------------------------------------------------------------------- the run's transport
+
+
+def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``handle.method.remote(...)``: an engine actor (``VLLMEngine``) or a rollout worker that
+    forwards to its engine (``rollout_vllm.EngineCallsMixin``)."""
+    return getattr(handle, method).remote(*args, **kwargs)
+
+
+def gpu_bytes_of_process(pid: Optional[int] = None) -> Optional[int]:
+    """GPU memory that NVML attributes to process ``pid`` (default: this one), over all GPUs."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total, found = 0, False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == pid and p.usedGpuMemory is not None:
+                    total += int(p.usedGpuMemory)
+                    found = True
+        return total if found else None
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None
+
+
+class TrainerSyncMixin:
+    """Methods for the actor's training worker (``PolicyWorker``): GPU weight sync and, in hybrid
+    placement, moving DeepSpeed's states out of the GPU while vLLM generates. Expects
+    ``self.engine`` (a DeepSpeed engine), ``self.rank`` and ``self.spec``."""
+
+    def gpu_sync_setup(self, mode: str, engines: Sequence[Any], engine_tp: Sequence[int]) -> float:
+        """Rank 0 gets the engine handles; every rank keeps a sender (ZeRO-3 gathers are collective)."""
+        lead = self.rank == 0
+        self._sync_sender = make_sender(mode, engines if lead else [], engine_tp if lead else [])
+        if mode == "disaggregated" and self.rank != 0:
+            return 0.0
+        return float(self._sync_sender.setup() or 0.0)
+
+    def gpu_sync_send(self, bucket_mb: int = 512) -> dict[str, float]:
+        from rlhf.models.load import torch_dtype
+
+        src = WeightSource(self.engine.module, bucket_bytes=int(bucket_mb) << 20,
+                           dtype=torch_dtype(self.spec.model.dtype))
+        return self._sync_sender.send(src)
+
+    def _offload_include(self):
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+        if self.spec.train.zero_stage == 3:
+            from deepspeed.ops.adam import FusedAdam
+
+            inner = getattr(self.engine.optimizer, "optimizer", None)
+            if not isinstance(inner, FusedAdam):  # DeepSpeed moves ZeRO-3 optimizer states for FusedAdam only
+                return [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]
+        return None  # everything
+
+    def offload_train_states(self) -> dict[str, float]:
+        """Move parameters, gradients and optimizer states to host memory (hybrid placement)."""
+        t0 = time.perf_counter()
+        peak = torch.cuda.max_memory_reserved() / 2**30
+        out = {"memory/train_peak_reserved_gib": peak}
+        if self.spec.train.zero_stage >= 1 and not getattr(self, "_states_offloaded", False):
+            self.engine.offload_states(include=self._offload_include())
+            self._states_offloaded = True
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        out["time/offload_train"] = time.perf_counter() - t0
+        out["memory/train_resident_gib"] = torch.cuda.memory_reserved() / 2**30
+        return out
+
+    def reload_train_states(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        if getattr(self, "_states_offloaded", False):
+            self.engine.reload_states()
+            self._states_offloaded = False
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return {"time/reload_train": time.perf_counter() - t0}
+
+
+class CudaTransport:
+    """``rlhf.workers.sync`` transport on GPU with vLLM engines (one per rollout worker).
+
+    hybrid: CUDA IPC from every actor rank to the engine on its GPU; vLLM sleeps (level
+    ``sleep_level``) while DeepSpeed trains, and DeepSpeed's states go to host memory while vLLM
+    generates (``placement.offload_train_state``). disaggregated: one NCCL group of the actor's
+    rank 0 and every vLLM worker.
+
+    The loop calls ``after_generate()`` once the rollouts are in (sleep vLLM, reload DeepSpeed),
+    then ``sync()`` after the update (wake vLLM's weights, send, offload DeepSpeed, wake the KV
+    cache). Both return metrics for the step.
+    """
+
+    name = "cuda"
+
+    def __init__(self, spec: Any, cluster: Any, bucket_mb: int = 512, sleep_level: int = 2) -> None:
+        import ray
+
+        self.spec = spec
+        self.actor = cluster.actor
+        self.engines = list(cluster.rollout.workers)
+        self.mode = spec.layout.mode
+        self.hybrid = self.mode == "hybrid"
+        self.sleep = self.hybrid and spec.placement.sleep_rollout
+        self.offload = self.hybrid and spec.placement.offload_train_state
+        self.bucket_mb = bucket_mb
+        self.sleep_level = sleep_level
+        tps = [len(e) for e in spec.layout.engines] or [1] * len(self.engines)
+        t0 = time.perf_counter()
+        ray.get(self.actor.call_async("gpu_sync_setup", self.mode, self.engines, tps))
+        self.setup_seconds = time.perf_counter() - t0
+        if self.offload:  # generation first: DeepSpeed's states leave the GPU until the update
+            self.actor.call("offload_train_states")
+
+    def after_generate(self) -> dict[str, float]:
+        import ray
+
+        out: dict[str, float] = {}
+        if self.sleep:
+            mems = ray.get([_call(e, "engine_sleep", self.sleep_level) for e in self.engines])
+            out.update(_mean_dicts(mems, prefix=""))
+        if self.offload:
+            out.update(_mean_dicts(self.actor.call("reload_train_states"), prefix=""))
+        return out
+
+    def sync(self) -> dict[str, float]:
+        import ray
+
+        out: dict[str, float] = {}
+        if self.sleep:
+            t = ray.get([_call(e, "engine_wake", ["weights"]) for e in self.engines])
+            out["time/wake_weights"] = max(t)
+        stats = [s for s in self.actor.call("gpu_sync_send", self.bucket_mb) if s]
+        out.update({f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()})
+        if self.offload:
+            out.update(_mean_dicts(self.actor.call("offload_train_states"), prefix=""))
+        if self.sleep:
+            t = ray.get([_call(e, "engine_wake", ["kv_cache"]) for e in self.engines])
+            out["time/wake_kv_cache"] = max(t)
+        return out
+
+
+def _mean_dicts(ds: Sequence[dict], prefix: str) -> dict[str, float]:
+    ds = [d for d in ds if d]
+    if not ds:
+        return {}
+    keys = set().union(*ds)
+    return {prefix + k: sum(float(d[k]) for d in ds if k in d) / sum(1 for d in ds if k in d) for k in keys}
+
+
+def make_transport(spec: Any, cluster: Any) -> CudaTransport:
+    return CudaTransport(spec, cluster)

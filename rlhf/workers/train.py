@@ -24,6 +24,7 @@ import torch
 
 from rlhf.data.batch import Batch, response_slice, response_tokens, select, size
 from rlhf.workers.base import Worker
+from rlhf.workers.sync_cuda import TrainerSyncMixin
 
 Stats = dict[str, tuple[float, float]]
 
@@ -93,15 +94,40 @@ class _Model(Worker):
         for s in range(0, size(batch), m):
             yield _to(select(batch, slice(s, s + m)), self.torch_device())
 
+    # -- supervised loops (rlhf.loops.sft / rm / dpo): the loss comes with the call, as
+    #    ``fn(model, micro_batch)`` (see rlhf.loops.objectives); micro-batches are made by the driver.
+    def _fn_module(self):
+        engine = getattr(self, "engine", None) or self.module
+        return getattr(engine, "module", engine)
 
-class PolicyWorker(_Model):
+    @torch.no_grad()
+    def apply(self, micro_batches: list, fn) -> list:
+        """``fn(model, mb)`` on each micro-batch without gradients, in eval mode (evaluation,
+        reference log-probs). Tensors in the results come back on the CPU."""
+        module = self._fn_module()
+        was_training = module.training
+        module.eval()
+        out = []
+        for mb in micro_batches:
+            r = fn(module, _to(mb, self.torch_device()))
+            if isinstance(r, tuple):
+                r = tuple(x.detach().cpu() if torch.is_tensor(x) else x for x in r)
+            elif torch.is_tensor(r):
+                r = r.detach().cpu()
+            out.append(r)
+        module.train(was_training)
+        return out
+
+
+class PolicyWorker(TrainerSyncMixin, _Model):
     """The actor: a causal LM trained with the clipped policy loss (+ KL loss, - entropy bonus)."""
 
     def setup(self) -> None:
         import deepspeed
 
         algo = self.spec.algo
-        model = self.load()
+        # a reward model run (algo=rm) trains a sequence classifier in the actor's place
+        model = self.load("sequence_score" if algo.kind == "rm" else None)
         opt = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
@@ -178,6 +204,44 @@ class PolicyWorker(_Model):
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
         return out
 
+    def train_step(self, micro_batches: list, objective) -> dict[str, float]:
+        """One optimizer step of a supervised loop: ``loss, stats = objective(model, mb)`` on each
+        of this rank's micro-batches (exactly ``spec.batch.grad_accum`` of them), backward, step.
+        Losses arrive already scaled for the global batch (``mb["loss_scale"]``). Returns the
+        summed stats plus ``grad_norm`` and ``lr``."""
+        if len(micro_batches) != self.engine.gradient_accumulation_steps():
+            raise ValueError(f"train_step got {len(micro_batches)} micro-batches; DeepSpeed accumulates "
+                             f"{self.engine.gradient_accumulation_steps()} per optimizer step")
+        self.engine.train()
+        module = self.engine.module
+        sums: dict[str, float] = {}
+        for mb in micro_batches:
+            loss, stats = objective(module, _to(mb, self.torch_device()))
+            self.engine.backward(loss, scale_wrt_gas=False)
+            self.engine.step()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        gn = self.engine.get_global_grad_norm()
+        sums["grad_norm"] = float(gn) if gn is not None else float("nan")
+        sums["lr"] = float(self.scheduler.get_last_lr()[0])
+        return sums
+
+    def save_hf(self, path: str) -> Optional[str]:
+        """Write the model (full weights, gathered under ZeRO-3) and its tokenizer in HF format to
+        ``path`` on rank 0, ``from_pretrained``-ready. Returns the path on rank 0, else None."""
+        from pathlib import Path
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        from rlhf.models import load_tokenizer
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.engine.module.save_pretrained(str(out), state_dict=state)
+        load_tokenizer(self.model_path()).save_pretrained(str(out))
+        return str(out)
+
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks."""
         module = self.engine.module
@@ -245,6 +309,9 @@ class CriticWorker(_Model):
 
 class ReferenceWorker(_Model):
     """The frozen initial policy: log-probabilities for the KL term (ZeRO-3 sharded if the run is)."""
+
+    def uses_deepspeed(self) -> bool:
+        return self.spec.train.zero_stage == 3
 
     def setup(self) -> None:
         self.module = self._frozen(self.load())

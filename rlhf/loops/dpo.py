@@ -1,0 +1,128 @@
+"""DPO and its relatives (IPO, hinge/SLiC, cDPO) on preference pairs, against a frozen reference.
+
+    pairs (prompt, chosen, rejected) → token ids (rlhf.data.preference)
+      → the reference's summed response log-probs of every pair, computed ONCE before training on
+        the reference workers (train and held-out sets); not needed with algo.reference_free
+      → for each step: the policy's summed log-probs, rlhf.algos.dpo_loss(beta, loss_type,
+        label_smoothing), mean over the step's pairs
+      → held-out: implicit rewards beta·(log pi - log pi_ref) of chosen and rejected, their
+        margin, and preference accuracy (chosen reward > rejected reward), before training, after
+        every epoch and at the end
+      → final/hf: the policy
+
+Before training the policy is the reference, so every implicit reward is 0 and the accuracy 0 (no
+pair is strictly preferred yet); ``eval/logp_accuracy`` (log pi(chosen) > log pi(rejected)) is
+the reference's own ranking for comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlhf.algos.preference import dpo_loss
+from rlhf.data.preference import build_pairs, collate_pairs
+from rlhf.loops import supervised as sup
+from rlhf.loops.objectives import DPOObjective, SequenceLogps
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+    algo = spec.algo
+    tok = sup.tokenizer_for(spec)
+    L = sup.max_length(spec)
+    train_rec, eval_rec = sup.load_splits(spec)
+    pairs, rep_tr = build_pairs(train_rec, tok, spec.data, L, what="preference train")
+    eval_pairs, rep_ev = build_pairs(eval_rec, tok, spec.data, L, what="preference eval")
+    counts = sup.report_lines(console, tracker, [rep_tr, rep_ev], "data")
+    steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
+    n_steps = sup.total_steps(spec, steps_per_epoch, console)
+    pad, B, pack = tok.pad_token_id, spec.batch, algo.packing
+
+    def mb_of(ps, units):
+        return collate_pairs([ps[i] for i in units], pad, pack=pack, max_length=L)
+
+    def logps(group, ps) -> torch.Tensor:
+        """[n, 2]: summed response log-probs of (chosen, rejected) of every pair."""
+        pieces = sup.gather_eval(group, len(ps), lambda u: mb_of(ps, u), SequenceLogps(), B.micro_batch_size)
+        return sup.per_unit(pieces, len(ps), per=2)
+
+    # ---- the frozen reference, once
+    ref_train = ref_eval = None
+    if not algo.reference_free:
+        ref_train, ref_eval = logps(cluster.reference, pairs), logps(cluster.reference, eval_pairs)
+        console.print(f"reference log-probs: {len(pairs)} train + {len(eval_pairs)} held-out pairs")
+
+    def evaluate() -> dict[str, float]:
+        pol = logps(cluster.actor, eval_pairs)
+        ref = ref_eval if ref_eval is not None else None
+        loss, m = dpo_loss(pol[:, 0], pol[:, 1], None if ref is None else ref[:, 0], None if ref is None else ref[:, 1],
+                           beta=algo.beta, loss_type=algo.loss_type, label_smoothing=algo.label_smoothing,
+                           reference_free=algo.reference_free)
+        return {
+            "eval/accuracy": float(m["accuracy"].mean()),
+            "eval/loss": float(loss.mean()),
+            "eval/chosen_reward": float(m["chosen_reward"].mean()),
+            "eval/rejected_reward": float(m["rejected_reward"].mean()),
+            "eval/margin": float(m["margin"].mean()),
+            "eval/logp_accuracy": float((pol[:, 0] > pol[:, 1]).float().mean()),
+        }
+
+    log = sup.Log(spec, tracker, console, run_dir)
+    objective = DPOObjective(beta=algo.beta, loss_type=algo.loss_type, label_smoothing=algo.label_smoothing,
+                             reference_free=algo.reference_free)
+    before = evaluate()
+    log.eval(0, before, "before training")
+    after = before
+    step = 0
+    try:
+        for epoch in range(algo.epochs):
+            order = sup.epoch_order(len(pairs), spec.train.seed, epoch)
+            for k in range(steps_per_epoch):
+                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
+                scale = sup.scale_tensor(B.train_world_size / len(units))
+                shards = []
+                for rank in sup.step_shards(units, spec):
+                    mbs = []
+                    for u in rank:
+                        mb = {**mb_of(pairs, u), "loss_scale": scale}
+                        if ref_train is not None:
+                            mb["ref_logp"] = ref_train[u].reshape(-1)  # chosen, rejected, chosen, ...
+                        mbs.append(mb)
+                    shards.append(mbs)
+                st = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
+                n = max(st["pairs"], 1.0)
+                log.step(step, {
+                    "train/loss": st["loss_sum"] / n,
+                    "train/accuracy": st["correct"] / n,
+                    "train/chosen_reward": st["chosen_reward_sum"] / n,
+                    "train/rejected_reward": st["rejected_reward_sum"] / n,
+                    "train/margin": st["margin_sum"] / n,
+                    "train/chosen_logp": st["chosen_logp_sum"] / n,
+                    "train/rejected_logp": st["rejected_logp_sum"] / n,
+                    "train/grad_norm": st["grad_norm"],
+                    "train/lr": st["lr"],
+                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
+                })
+                step += 1
+            after = evaluate()
+            log.eval(step, after, f"epoch {epoch + 1}/{algo.epochs}")
+    finally:
+        log.close()
+    summary = {
+        "eval/accuracy_before": before["eval/accuracy"],
+        "eval/accuracy_after": after["eval/accuracy"],
+        "eval/logp_accuracy_before": before["eval/logp_accuracy"],
+        "eval/logp_accuracy_after": after["eval/logp_accuracy"],
+        "eval/margin_after": after["eval/margin"],
+        "eval/loss_before": before["eval/loss"],
+        "eval/loss_after": after["eval/loss"],
+        "train/steps": float(n_steps),
+        "train/pairs": float(len(pairs)),
+        "eval/pairs": float(len(eval_pairs)),
+        **counts,
+    }
+    sup.export_final(spec, cluster, run_dir, summary, console)
+    console.print(f"dpo ({algo.loss_type}): held-out preference accuracy {before['eval/accuracy']:.3f} → "
+                  f"{after['eval/accuracy']:.3f}, margin {after['eval/margin']:.3f}, over {n_steps} steps")
+    return summary

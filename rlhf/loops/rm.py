@@ -1,0 +1,96 @@
+"""Reward model: a scalar head on the base model, Bradley-Terry loss on preference pairs.
+
+    pairs (prompt, chosen, rejected) → token ids (rlhf.data.preference)
+      → the actor is AutoModelForSequenceClassification(num_labels=1) from model.path (a new
+        linear head ``score`` on the backbone); a pair's score is read at each sequence's last
+        token (EOS), where the RL reward-model worker reads it too
+      → loss = mean over the step's pairs of -log sigmoid(r_chosen - r_rejected [- margin])
+      → held-out pairwise accuracy (r_chosen > r_rejected) before training, after every epoch
+      → final/hf: a sequence-classification checkpoint for ``reward.model_path=<run dir>/final/hf``
+
+``algo.margin`` subtracts a fixed margin inside the sigmoid (Llama 2); ``algo.packing`` packs a
+micro-batch's sequences into shared rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlhf.data.preference import build_pairs, collate_pairs
+from rlhf.loops import supervised as sup
+from rlhf.loops.objectives import RMObjective, SequenceScores
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+    tok = sup.tokenizer_for(spec)
+    L = sup.max_length(spec)
+    train_rec, eval_rec = sup.load_splits(spec)
+    pairs, rep_tr = build_pairs(train_rec, tok, spec.data, L, what="preference train")
+    eval_pairs, rep_ev = build_pairs(eval_rec, tok, spec.data, L, what="preference eval")
+    counts = sup.report_lines(console, tracker, [rep_tr, rep_ev], "data")
+    steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
+    n_steps = sup.total_steps(spec, steps_per_epoch, console)
+    pad, B, pack = tok.pad_token_id, spec.batch, spec.algo.packing
+
+    def mb_of(ps, units):
+        return collate_pairs([ps[i] for i in units], pad, pack=pack, max_length=L)
+
+    def evaluate() -> dict[str, float]:
+        pieces = sup.gather_eval(cluster.actor, len(eval_pairs), lambda u: mb_of(eval_pairs, u), SequenceScores(),
+                                 B.micro_batch_size)
+        s = sup.per_unit(pieces, len(eval_pairs), per=2)
+        chosen, rejected = s[:, 0], s[:, 1]
+        margin = chosen - rejected
+        return {
+            "eval/accuracy": float((margin > 0).float().mean()),
+            "eval/loss": float(-torch.nn.functional.logsigmoid(margin).mean()),
+            "eval/chosen_score": float(chosen.mean()),
+            "eval/rejected_score": float(rejected.mean()),
+            "eval/margin": float(margin.mean()),
+        }
+
+    log = sup.Log(spec, tracker, console, run_dir)
+    objective = RMObjective(margin=spec.algo.margin)
+    before = evaluate()
+    log.eval(0, before, "before training")
+    after = before
+    step = 0
+    try:
+        for epoch in range(spec.algo.epochs):
+            order = sup.epoch_order(len(pairs), spec.train.seed, epoch)
+            for k in range(steps_per_epoch):
+                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
+                scale = sup.scale_tensor(B.train_world_size / len(units))
+                shards = [[{**mb_of(pairs, u), "loss_scale": scale} for u in rank] for rank in sup.step_shards(units, spec)]
+                st = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
+                n = max(st["pairs"], 1.0)
+                log.step(step, {
+                    "train/loss": st["loss_sum"] / n,
+                    "train/accuracy": st["correct"] / n,
+                    "train/chosen_score": st["chosen_score_sum"] / n,
+                    "train/rejected_score": st["rejected_score_sum"] / n,
+                    "train/grad_norm": st["grad_norm"],
+                    "train/lr": st["lr"],
+                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
+                })
+                step += 1
+            after = evaluate()
+            log.eval(step, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
+    finally:
+        log.close()
+    summary = {
+        "eval/accuracy_before": before["eval/accuracy"],
+        "eval/accuracy_after": after["eval/accuracy"],
+        "eval/loss_before": before["eval/loss"],
+        "eval/loss_after": after["eval/loss"],
+        "eval/margin_after": after["eval/margin"],
+        "train/steps": float(n_steps),
+        "train/pairs": float(len(pairs)),
+        "eval/pairs": float(len(eval_pairs)),
+        **counts,
+    }
+    sup.export_final(spec, cluster, run_dir, summary, console)
+    console.print(f"rm: held-out accuracy {before['eval/accuracy']:.3f} → {after['eval/accuracy']:.3f} over {n_steps} steps")
+    return summary

@@ -1,0 +1,94 @@
+"""Supervised fine-tuning: next-token loss on response tokens only, held-out loss before/after.
+
+    rows (prompt/response or conversations) → token ids + loss mask (rlhf.data.sft)
+      → rows of one example, or packed rows (algo.packing)
+      → for each epoch, for each step: the step's rows over the actor's ranks, micro-batches,
+        loss = sum of NLL over trained tokens / trained tokens of the whole step
+      → eval loss (mean NLL per trained token) on the held-out set, after every epoch
+      → final/hf
+
+Batch math and files: rlhf.loops.supervised.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rlhf.data.sft import build_sft, collate, to_rows
+from rlhf.loops import supervised as sup
+from rlhf.loops.objectives import SFTObjective, SFTRowNLL
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+    tok = sup.tokenizer_for(spec)
+    L = sup.max_length(spec)
+    train_rec, eval_rec = sup.load_splits(spec)
+    train_ex, rep_tr = build_sft(train_rec, tok, spec.data, L, what="sft train")
+    eval_ex, rep_ev = build_sft(eval_rec, tok, spec.data, L, what="sft eval")
+    counts = sup.report_lines(console, tracker, [rep_tr, rep_ev], "data")
+    rows = to_rows(train_ex, pack=spec.algo.packing, max_length=L)
+    eval_rows = to_rows(eval_ex, pack=False, max_length=L)
+    if spec.algo.packing:
+        console.print(f"packing: {len(train_ex)} examples in {len(rows)} rows of up to {L} tokens")
+    steps_per_epoch = sup.check_enough(len(rows), spec, "rows" if spec.algo.packing else "examples")
+    n_steps = sup.total_steps(spec, steps_per_epoch, console)
+    pad = tok.pad_token_id
+    B = spec.batch
+
+    def evaluate() -> dict[str, float]:
+        pieces = sup.gather_eval(cluster.actor, len(eval_rows), lambda u: collate([eval_rows[i] for i in u], pad),
+                                 SFTRowNLL(), B.micro_batch_size)
+        per = sup.per_unit(pieces, len(eval_rows), per=2)
+        nll, tokens = float(per[:, 0].sum()), float(per[:, 1].sum())
+        loss = nll / max(tokens, 1.0)
+        return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0)), "eval/tokens": tokens}
+
+    log = sup.Log(spec, tracker, console, run_dir)
+    objective = SFTObjective()
+    before = evaluate()
+    log.eval(0, before, "before training")
+    after = before
+    step = 0
+    try:
+        for epoch in range(spec.algo.epochs):
+            order = sup.epoch_order(len(rows), spec.train.seed, epoch)
+            for k in range(steps_per_epoch):
+                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
+                tokens = sum(sum(rows[i].loss_mask) for i in units)
+                scale = sup.scale_tensor(B.train_world_size / max(tokens, 1))
+                shards = []
+                for rank in sup.step_shards(units, spec):
+                    mbs = []
+                    for mb_units in rank:
+                        mb = collate([rows[i] for i in mb_units], pad)
+                        mb["loss_scale"] = scale
+                        mbs.append(mb)
+                    shards.append(mbs)
+                stats = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
+                m = {
+                    "train/loss": stats["nll_sum"] / max(stats["tokens"], 1.0),
+                    "train/tokens": stats["tokens"],
+                    "train/grad_norm": stats["grad_norm"],
+                    "train/lr": stats["lr"],
+                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
+                }
+                log.step(step, m)
+                step += 1
+            after = evaluate()
+            log.eval(step, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
+    finally:
+        log.close()
+    summary = {
+        "eval/loss_before": before["eval/loss"],
+        "eval/loss_after": after["eval/loss"],
+        "train/steps": float(n_steps),
+        "train/examples": float(len(train_ex)),
+        "train/rows": float(len(rows)),
+        "eval/examples": float(len(eval_ex)),
+        **counts,
+    }
+    sup.export_final(spec, cluster, run_dir, summary, console)
+    console.print(f"sft: held-out loss {before['eval/loss']:.4f} → {after['eval/loss']:.4f} over {n_steps} steps")
+    return summary
+

@@ -1,0 +1,203 @@
+"""What the SFT, reward-model and DPO loops share: data sets, step batches split over ranks,
+evaluation, metrics, the final HF export.
+
+Batch math (``spec.batch``, built by rlhf.spec): an optimizer step takes ``train.prompts_per_step``
+units — training rows for SFT (examples, or packed rows with ``algo.packing``), pairs for RM and
+DPO — split evenly over the actor's data-parallel ranks, each rank running ``batch.grad_accum``
+micro-batches of ``batch.micro_batch_size`` units. An epoch is ``floor(units / prompts_per_step)``
+steps of a seeded permutation; the run lasts ``algo.epochs`` epochs (``train.steps`` is for RL).
+
+Evaluation runs on the held-out set (``data.eval_files``, else ``algo.eval_fraction`` of the
+training files) before training, after every epoch and at the end; every rank gets the same number
+of micro-batches (ZeRO-3 gathers parameters collectively), padded by repeating the last unit,
+whose results are dropped.
+
+The run dir gets ``metrics.jsonl`` (one line per step and per evaluation), ``final/hf`` (the
+trained model, ``from_pretrained``-ready: give it to the next stage as ``model.path`` or
+``reward.model_path``) and ``final/metrics.json`` (evaluation before and after, data counts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from rlhf.data.files import Records, load_files, split_eval
+from rlhf.spec.errors import UserError
+
+MB = dict[str, torch.Tensor]
+
+
+def max_length(spec: Any) -> int:
+    return spec.data.max_length or (spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens)
+
+
+def tokenizer_for(spec: Any):
+    from rlhf.models import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(spec.model.path, spec.model))
+
+
+def load_splits(spec: Any) -> tuple[Records, Records]:
+    """(train, eval) records: ``data.eval_files`` when given, else a held-out fraction."""
+    d = spec.data
+    train = load_files(list(d.train_files), list(d.weights) if d.weights else None, seed=spec.train.seed)
+    if d.eval_files:
+        return train, load_files(list(d.eval_files), seed=spec.train.seed)
+    if spec.algo.eval_fraction <= 0:
+        raise UserError(
+            "no held-out data: set data.eval_files=[...] or algo.eval_fraction > 0 (e.g. 0.1)."
+        )
+    return split_eval(train, spec.algo.eval_fraction, seed=spec.train.seed)
+
+
+def check_enough(n_units: int, spec: Any, unit: str) -> int:
+    """Optimizer steps per epoch (UserError when the set is smaller than one step)."""
+    per_step = spec.batch.mini_batch_size
+    if n_units < per_step:
+        raise UserError(
+            f"the training set has {n_units} {unit}, fewer than one optimizer step takes "
+            f"(train.prompts_per_step={per_step}). Lower train.prompts_per_step or add data."
+        )
+    return n_units // per_step
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def step_shards(units: Sequence[int], spec: Any) -> list[list[list[int]]]:
+    """The unit indices of one optimizer step → per rank → per micro-batch."""
+    W, m, acc = spec.batch.train_world_size, spec.batch.micro_batch_size, spec.batch.grad_accum
+    per_rank = len(units) // W
+    out = []
+    for r in range(W):
+        mine = list(units[r * per_rank:(r + 1) * per_rank])
+        out.append([mine[k * m:(k + 1) * m] for k in range(acc)])
+    return out
+
+
+def eval_shards(n: int, world: int, micro: int) -> list[list[list[int]]]:
+    """All n units over ``world`` ranks, the same number of micro-batches on each, padded by
+    repeating unit n-1 (the caller drops results past n)."""
+    per_rank_mbs = max(1, math.ceil(n / (world * micro)))
+    total = world * per_rank_mbs * micro
+    idx = list(range(n)) + [n - 1] * (total - n)
+    out = []
+    for r in range(world):
+        mine = idx[r * per_rank_mbs * micro:(r + 1) * per_rank_mbs * micro]
+        out.append([mine[k * micro:(k + 1) * micro] for k in range(per_rank_mbs)])
+    return out
+
+
+def gather_eval(group: Any, n: int, make_mb: Callable[[list[int]], MB], fn: Any, micro: int) -> list[Any]:
+    """Run ``fn`` over all n units on ``group`` (no gradients); per-micro-batch results in unit
+    order, with the padded micro-batch units' index lists alongside: [(units, result), ...]."""
+    plan = eval_shards(n, group.world_size, micro)
+    results = group.scatter("apply", [[make_mb(mb) for mb in rank] for rank in plan], fn)
+    out = []
+    for rank_plan, rank_res in zip(plan, results):
+        out.extend(zip(rank_plan, rank_res))
+    return out
+
+
+def per_unit(pieces: list[tuple[list[int], torch.Tensor]], n: int, per: int = 1) -> torch.Tensor:
+    """Stitch per-micro-batch outputs of ``per`` values per unit back into ``[n, per]`` (or [n])."""
+    out = torch.zeros(n, per)
+    for units, t in pieces:
+        t = t.reshape(len(units), per)
+        for k, u in enumerate(units):
+            out[u] = t[k]
+    return out if per > 1 else out[:, 0]
+
+
+def add_sums(dicts: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in d.items():
+            if k in ("grad_norm", "lr"):
+                continue
+            out[k] = out.get(k, 0.0) + v
+    first = dicts[0]
+    for k in ("grad_norm", "lr"):
+        if k in first:
+            out[k] = first[k]  # identical on every rank
+    return out
+
+
+@dataclass
+class Log:
+    """metrics.jsonl, the tracker and the console of a supervised run."""
+
+    spec: Any
+    tracker: Any
+    console: Any
+    run_dir: str
+    history: list[dict[str, float]] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self):
+        self.file = open(Path(self.run_dir) / "metrics.jsonl", "a")
+
+    def step(self, step: int, m: dict[str, float]) -> None:
+        m = {**m, "time/elapsed": time.perf_counter() - self.t0}
+        self.history.append({"step": step, **m})
+        self.file.write(json.dumps({"step": step, **m}) + "\n")
+        self.file.flush()
+        if step % self.spec.tracking.log_every == 0:
+            self.tracker.log(step, m)
+        self.console.step(step, m)
+
+    def eval(self, step: int, m: dict[str, float], label: str) -> None:
+        self.file.write(json.dumps({"step": step, **m}) + "\n")
+        self.file.flush()
+        self.tracker.log(step, m)
+        self.console.print(f"eval ({label}): " + " · ".join(f"{k.split('/', 1)[1]} {v:.4g}" for k, v in m.items()))
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def export_final(spec: Any, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
+    final = Path(run_dir) / "final"
+    paths = [p for p in cluster.actor.call("save_hf", str(final / "hf")) if p]
+    final.mkdir(parents=True, exist_ok=True)
+    with open(final / "metrics.json", "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    console.print(f"saved {paths[0] if paths else final / 'hf'} (HF format) and {final / 'metrics.json'}")
+    return str(final / "hf")
+
+
+def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def total_steps(spec: Any, steps_per_epoch: int, console: Any = None) -> int:
+    n = steps_per_epoch * spec.algo.epochs
+    if console is not None and hasattr(console, "set_total"):
+        console.set_total(n)
+    return n
+
+
+def scale_tensor(x: float) -> torch.Tensor:
+    return torch.tensor(float(x), dtype=torch.float32)
+
+
+def report_lines(console: Any, tracker: Any, reports: Sequence[Any], prefix: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for rep in reports:
+        console.print(rep.line())
+        out.update(rep.metrics(f"{prefix}/{rep.what.split()[-1]}"))
+    tracker.log(0, out)
+    return out
+
+
+def optional(x: Optional[float]) -> float:
+    return float("nan") if x is None else float(x)

@@ -1,0 +1,78 @@
+"""Shared fixtures of the RL tests: one Ray instance and one model/data cache for the session,
+and a helper that runs ``rlhf-run`` in-process and returns its per-step metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def rl_env(tmp_path_factory):
+    """RLHF_CACHE in a session tmp dir and a local Ray (the launcher joins it and leaves it up)."""
+    cache = tmp_path_factory.mktemp("rlhf_cache")
+    old = os.environ.get("RLHF_CACHE")
+    os.environ["RLHF_CACHE"] = str(cache)
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        from rlhf.launch.group import REPO_ROOT
+
+        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"RLHF_CACHE": str(cache), "OMP_NUM_THREADS": "1",
+                                           "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}})
+        started = True
+    yield cache
+    if started:
+        ray.shutdown()
+    if old is None:
+        os.environ.pop("RLHF_CACHE", None)
+    else:
+        os.environ["RLHF_CACHE"] = old
+
+
+def make_spec(overrides: list[str], out_dir: Path):
+    from rlhf.cli import build_spec, compose
+
+    overrides = list(overrides) + [f"output_dir={out_dir}", "tracking.console=plain"]
+    return build_spec(compose(overrides), overrides, plan=False)
+
+
+def run_rl(overrides: list[str], out_dir: Path) -> tuple[int, list[dict]]:
+    """Run in-process; return (exit code, per-step metrics from metrics.jsonl)."""
+    from rlhf.run import run
+
+    code = run(make_spec(overrides, out_dir))
+    path = Path(out_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return code, rows
+
+
+def fifth_means(rows: list[dict], key: str = "reward/mean") -> tuple[float, float]:
+    k = max(1, len(rows) // 5)
+    vals = [r[key] for r in rows]
+    return sum(vals[:k]) / k, sum(vals[-k:]) / k
+
+
+def leftovers(since_actors: set, since_pgs: set) -> tuple[list, list]:
+    """Actors alive and placement groups not removed that were not there before."""
+    import ray
+    from ray.util.state import list_actors
+
+    alive = [a.actor_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000)
+             if a.actor_id not in since_actors]
+    pgs = [pg_id for pg_id, info in ray.util.placement_group_table().items()
+           if info["state"] != "REMOVED" and pg_id not in since_pgs]
+    return alive, pgs
+
+
+def snapshot() -> tuple[set, set]:
+    import ray
+    from ray.util.state import list_actors
+
+    return ({a.actor_id for a in list_actors(limit=10000)},
+            {pg_id for pg_id in ray.util.placement_group_table()})

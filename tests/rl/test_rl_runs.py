@@ -1,0 +1,129 @@
+"""End-to-end RL runs at toy size (CPU, Ray + DeepSpeed + HF generate), one shared Ray.
+
+Runs are module-scoped fixtures so that one run serves several tests: the GRPO hybrid run is the
+learning test of grpo, the baseline of the placement/data-parallel equality tests, and the run
+that MLflow and the cleanup tests read back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.rl.conftest import fifth_means, leftovers, make_spec, run_rl, snapshot
+
+STEPS = 30
+MARGIN = 0.08  # last-fifth mean reward must beat the first fifth by this much
+EQUAL_STEPS = 3
+TOY = ["train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1"]
+
+
+@pytest.fixture(scope="module")
+def grpo_hybrid(rl_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "grpo_hybrid"
+    before = snapshot()
+    code, rows = run_rl(TOY + ["algo=grpo", f"train.steps={STEPS}"], out)
+    return {"code": code, "rows": rows, "dir": out, "before": before}
+
+
+def test_grpo_learns(grpo_hybrid):
+    assert grpo_hybrid["code"] == 0
+    rows = grpo_hybrid["rows"]
+    assert len(rows) == STEPS
+    first, last = fifth_means(rows)
+    assert last >= first + MARGIN, (first, last)
+
+
+@pytest.mark.parametrize("algo,extra", [
+    ("ppo", ["algo.critic.lr=3e-3"]),
+    ("dr_grpo", []),
+    ("rloo", []),
+    ("reinforce_pp", []),
+    ("reinforce_pp_baseline", []),
+])
+def test_algo_learns(rl_env, tmp_path, algo, extra):
+    code, rows = run_rl(TOY + [f"algo={algo}", f"train.steps={STEPS}"] + extra, tmp_path / algo)
+    assert code == 0
+    assert len(rows) == STEPS
+    first, last = fifth_means(rows)
+    assert last >= first + MARGIN, (algo, first, last)
+    if algo == "ppo":
+        assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in rows)
+
+
+def _same_metrics(a: list[dict], b: list[dict], n: int) -> None:
+    keys = ["reward/mean", "reward/std", "response/length_mean", "kl/mean", "actor/pg_loss",
+            "actor/entropy", "actor/grad_norm", "actor/clip_frac", "advantages/abs_mean"]
+    for step in range(n):
+        for k in keys:
+            x, y = a[step].get(k), b[step].get(k)
+            assert x is not None and y is not None, (step, k)
+            assert math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-5), (step, k, x, y)
+
+
+def test_hybrid_equals_disaggregated(grpo_hybrid, tmp_path):
+    # disaggregated on 3 CPU slots: actor 1, reference 1, rollout 1 (vs all on one slot)
+    code, rows = run_rl(TOY + ["algo=grpo", f"train.steps={EQUAL_STEPS}", "placement=disaggregated",
+                               "hardware.devices_per_node=3"], tmp_path / "disagg")
+    assert code == 0
+    _same_metrics(grpo_hybrid["rows"], rows, EQUAL_STEPS)
+
+
+def test_one_equals_two_data_parallel_ranks(grpo_hybrid, tmp_path):
+    # hybrid on 2 slots: actor ×2 (DP), reference ×2, rollout engines ×2; same global batch
+    spec = make_spec(TOY + ["algo=grpo", f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2"], tmp_path / "x")
+    assert spec.batch.train_world_size == 2
+    code, rows = run_rl(TOY + ["algo=grpo", f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2"],
+                        tmp_path / "dp2")
+    assert code == 0
+    _same_metrics(grpo_hybrid["rows"], rows, EQUAL_STEPS)
+
+
+def test_no_leftovers_after_run(grpo_hybrid):
+    actors, pgs = leftovers(*grpo_hybrid["before"])
+    assert actors == [] and pgs == []
+
+
+def test_no_leftovers_after_failing_run(rl_env, tmp_path, capsys):
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def reward(prompts, responses, **kw):\n    raise ValueError('boom')\n")
+    before = snapshot()
+    code, rows = run_rl(TOY + ["algo=dr_grpo", "train.steps=2", f"reward.functions=[{{fn: '{bad}:reward'}}]"],
+                        tmp_path / "fail")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "bad_reward.py:reward raised ValueError: boom" in err
+    actors, pgs = leftovers(*before)
+    assert actors == [] and pgs == []
+
+
+def test_mlflow_run_read_back(grpo_hybrid):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from rlhf.spec.build import config_dict, flatten
+    from rlhf.track import default_tracking_uri
+
+    out = grpo_hybrid["dir"]
+    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    runs = client.search_runs([client.get_experiment_by_name("rlhf").experiment_id],
+                              filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    spec = make_spec(TOY + ["algo=grpo", f"train.steps={STEPS}"], out)
+    for k, v in flatten(config_dict(spec)).items():
+        if k == "output_dir":
+            continue
+        assert run.data.params[k] == str(v)[:6000], k
+    series = ["reward/mean", "reward/std", "reward/min", "reward/max", "reward/keymap_reward/mean",
+              "response/length_mean", "response/length_max", "response/truncation_rate", "kl/mean",
+              "actor/entropy", "actor/clip_frac", "actor/approx_kl", "actor/grad_norm", "actor/lr",
+              "actor/pg_loss", "time/generate", "time/reward", "time/reference", "time/update", "time/sync",
+              "time/step", "throughput/tokens_per_s"]
+    for key in series:
+        hist = client.get_metric_history(run.info.run_id, key)
+        assert len(hist) == STEPS, key
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"spec.yaml", "config.yaml"} <= arts
