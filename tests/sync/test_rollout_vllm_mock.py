@@ -141,7 +141,7 @@ def test_sleep_wake_and_weight_loading(fake_vllm):
     rv = fake_vllm
     eng = rv.VLLMEngine(rv.EngineConfig(model_path="/m"))
     mem = eng.sleep(level=2)
-    assert _FakeLLM.instances[-1].slept == 2 and "freed_fraction" in mem
+    assert _FakeLLM.instances[-1].slept == 2 and "memory/vllm_freed_fraction" in mem
     with pytest.raises(RuntimeError):
         eng.generate_ids([[1]], max_tokens=2)
     eng.wake_up(["weights"])
