@@ -197,6 +197,7 @@ class TrainerStub:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_cfg)
         self.zero_stage = zero_stage
+        self.fused_adam = fused_adam
         self.offloaded = False
         self.sender: Any = None
         self._ref = None
@@ -223,7 +224,12 @@ class TrainerStub:
 
         t0 = time.perf_counter()
         if self.zero_stage >= 1 and not self.offloaded:
-            self.engine.offload_states()
+            include = None
+            if self.zero_stage == 3 and not self.fused_adam:  # ZeRO-3 moves optimizer states for FusedAdam only
+                from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+                include = [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]
+            self.engine.offload_states(include=include)
             self.offloaded = True
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

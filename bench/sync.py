@@ -45,8 +45,8 @@ def main() -> None:
         model = make_random_model(f"/tmp/rlhf-gpu/models/{preset}-random", preset)
         cfg = EngineConfig(model_path=model, gpu_memory_utilization=0.25, enforce_eager=True,
                            enable_sleep_mode=args.mode == "ipc", max_model_len=1024)
+        # both start at once (vLLM's KV cache may come out smaller; the transfer does not care)
         engine = ray.remote(VLLMEngine).options(num_gpus=share, num_cpus=0).remote(cfg)
-        ray.get(engine.ready.remote())
         trainer = ray.remote(TrainerStub).options(num_gpus=share, num_cpus=0).remote(model, zero_stage=3)
         mode = "hybrid" if args.mode == "ipc" else "disaggregated"
         setup_s = ray.get(trainer.setup_sync.remote(mode, [engine], [1]))
@@ -55,9 +55,11 @@ def main() -> None:
             runs = [ray.get(trainer.sync.remote(bucket_mb=mb)) for _ in range(args.reps)]
             secs = [r["sync_seconds"] for r in runs]
             med = statistics.median(secs)
+            mid = runs[secs.index(med)] if med in secs else runs[0]
             row = {"preset": preset, "mode": args.mode, "bucket_mb": mb, "gb": runs[0]["sync_bytes"] / 1e9,
                    "buckets": runs[0]["sync_buckets"], "median_s": med, "gbps": runs[0]["sync_bytes"] / med / 1e9,
-                   "runs_s": secs, "setup_s": setup_s}
+                   "runs_s": secs, "setup_s": setup_s, "pack_s": mid.get("sync_pack_seconds"),
+                   "wait_s": mid.get("sync_wait_seconds"), "engine_load_s": mid.get("sync_engine_load_seconds")}
             rows.append(row)
             record(f"sync_{args.mode}", **row)
         # correctness of the last sync (weights equal)
@@ -71,9 +73,13 @@ def main() -> None:
     write_json_out(f"bench_sync_{args.mode}.json", res)
     print(f"\nweight sync, {args.mode} ({'same GPU, CUDA IPC' if args.mode == 'ipc' else 'GPU0 -> GPU1, NCCL'}), "
           "trainer ZeRO-3")
-    print(f"{'model':<16}{'bucket MB':>10}{'GB':>8}{'median s':>10}{'GB/s':>8}")
+    print(f"{'model':<16}{'bucket MB':>10}{'GB':>8}{'median s':>10}{'GB/s':>8}{'pack s':>9}{'wait s':>9}{'load s':>9}")
+    f = lambda x: f"{x:>9.3f}" if isinstance(x, float) else f"{'-':>9}"  # noqa: E731
     for r in rows:
-        print(f"{r['preset']:<16}{r['bucket_mb']:>10}{r['gb']:>8.2f}{r['median_s']:>10.3f}{r['gbps']:>8.1f}")
+        print(f"{r['preset']:<16}{r['bucket_mb']:>10}{r['gb']:>8.2f}{r['median_s']:>10.3f}{r['gbps']:>8.1f}"
+              f"{f(r['pack_s'])}{f(r['wait_s'])}{f(r['engine_load_s'])}")
+    print("pack: trainer gathers (ZeRO-3) + packs, summed over buckets; wait: trainer blocked on the engine; "
+          "load: engine opens the buffer + load_weights, summed")
     ray.shutdown()
 
 

@@ -32,6 +32,8 @@ export RAY_ADDRESS=local RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 export RLHF_GPU_OUT=$WORK/results
+# vLLM in the framework's runs: capture CUDA graphs for batch sizes up to 256 only (faster start)
+export RLHF_VLLM_ARGS=${RLHF_VLLM_ARGS:-'{"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}}'}
 PY=python3
 
 NGPU=${GPU_SH_NGPU:-$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}
@@ -40,18 +42,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 PYTEST="$PY -m pytest -c scripts/pytest-gpu.ini --rootdir=. -m gpu -v -rA --durations=0 -p no:randomly"
 
-# name | lane (0, 1 or both) | timeout s | command
+# name | lane (0, 1 or both) | timeout s | command      (in priority order within a lane)
 JOBS=$(cat <<'T'
-tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
-grpo|0|330|bash scripts/grpo_gpu.sh hybrid
+grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
-bench-rollout-05b|1|300|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
-bench-sync-ipc|1|240|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
+tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
+bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
+bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
 bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
-bench-sync-nccl|both|200|$PY -m bench.sync --mode nccl --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
 grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2
+bench-sync-nccl|both|240|$PY -m bench.sync --mode nccl --presets qwen2.5-1.5b --buckets 256,1024
 T
 )
 [ -n "${GPU_SH_JOBS:-}" ] && JOBS=$(cat "$GPU_SH_JOBS")   # a dry run's stand-in table
@@ -68,6 +70,9 @@ kill_tag() {  # end every process this job started (they all carry its tag in th
 
 run_job() {  # name timeout gpus command
   local name=$1 t=$2 gpus=$3 cmd=$4
+  if [ -f "$WORK/done/$name" ] && [ -z "${FORCE:-}" ]; then
+    echo "=== JOB $name already passed on this machine (FORCE=1 reruns it)"; return
+  fi
   local left=$(( DEADLINE - $(date +%s) ))
   if (( left < 45 )); then
     echo "=== JOB $name SKIPPED: ${left}s left"; echo "$name skipped (no time)" >> "$WORK/summary.txt"; return
@@ -82,6 +87,7 @@ run_job() {  # name timeout gpus command
   local dt=$(( $(date +%s) - t0 ))
   echo "=== JOB $name rc=$rc ${dt}s $( ((rc == 124)) && echo TIMEOUT)"
   echo "$name rc=$rc ${dt}s" >> "$WORK/summary.txt"
+  if [ "$rc" = 0 ]; then mkdir -p "$WORK/done"; touch "$WORK/done/$name"; fi
 }
 
 run_lane() {  # lane gpus
@@ -96,7 +102,7 @@ run_lane() {  # lane gpus
   done <<< "$JOBS"
 }
 
-: > "$WORK/summary.txt"
+: > "$WORK/summary.txt"   # this call's jobs (results.jsonl keeps every call's figures)
 if [ "$NGPU" -ge 2 ]; then
   run_lane 0 0 > "$OUT/lane0.log" 2>&1 &
   p0=$!
@@ -106,7 +112,7 @@ if [ "$NGPU" -ge 2 ]; then
   run_lane both 0,1 > "$OUT/both.log" 2>&1
 elif [ "$NGPU" -eq 1 ]; then
   run_lane 0 0 > "$OUT/lane0.log" 2>&1
-  echo "one GPU: the jobs that need two (tests-nccl, bench-sync-nccl, grpo-disagg, grpo-hybrid2) not run" | tee -a "$WORK/summary.txt"
+  echo "one GPU: the jobs that need two (tests-nccl, grpo-disagg, grpo-hybrid2, bench-sync-nccl) not run" | tee -a "$WORK/summary.txt"
 else
   echo "no GPU visible: nothing run" | tee -a "$WORK/summary.txt"
 fi

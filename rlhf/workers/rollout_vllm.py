@@ -297,14 +297,18 @@ class VLLMEngine:
     def gpu_uuids(self) -> list[str]:
         return self.llm.collective_rpc("rlhf_gpu_uuid")
 
-    def load_ipc(self, handles: dict, metas: list) -> int:
-        return sum(self.llm.collective_rpc("rlhf_load_ipc", args=(handles, metas)))
+    def load_ipc(self, handles: dict, metas: list) -> float:
+        """One bucket through CUDA IPC; returns the slowest worker's seconds."""
+        return max(self.llm.collective_rpc("rlhf_load_ipc", args=(handles, metas)))
 
-    def load_nccl(self, metas: list, nbytes: int) -> int:
-        return sum(self.llm.collective_rpc("rlhf_load_nccl", args=(metas, nbytes)))
+    def load_nccl(self, metas: list, nbytes: int) -> float:
+        """One bucket by NCCL broadcast; returns the slowest worker's seconds."""
+        return max(self.llm.collective_rpc("rlhf_load_nccl", args=(metas, nbytes)))
 
-    def sync_done(self) -> None:
-        self.llm.collective_rpc("rlhf_sync_done")
+    def sync_done(self, release: bool = True) -> None:
+        """After the last bucket: drop KV blocks cached under the old weights; ``release`` the
+        senders' IPC buffers (False when the sender keeps them for the next sync)."""
+        self.llm.collective_rpc("rlhf_sync_done", args=(release,))
         self.reset_prefix_cache()
 
     def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> list[int]:
@@ -332,14 +336,14 @@ class EngineCallsMixin:
     """For a Ray worker that holds a ``VLLMEngine`` as ``self.engine`` (``RolloutWorker``): the
     methods the GPU weight-sync senders and the hybrid schedule call, forwarded to the engine."""
 
-    def load_ipc(self, handles: dict, metas: list) -> int:
+    def load_ipc(self, handles: dict, metas: list) -> float:
         return self.engine.load_ipc(handles, metas)
 
-    def load_nccl(self, metas: list, nbytes: int) -> int:
+    def load_nccl(self, metas: list, nbytes: int) -> float:
         return self.engine.load_nccl(metas, nbytes)
 
-    def sync_done(self) -> None:
-        return self.engine.sync_done()
+    def sync_done(self, release: bool = True) -> None:
+        return self.engine.sync_done(release)
 
     def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int):
         return self.engine.init_weight_group(master_address, master_port, rank_offset, world_size)
@@ -419,6 +423,11 @@ def engine_config(spec: Any, model_path: str, **over: Any) -> EngineConfig:
         enable_sleep_mode=spec.placement.mode == "hybrid" and spec.placement.sleep_rollout,
         max_model_len=r.max_prompt_tokens + r.max_response_tokens,
     )
+    extra = os.environ.get("RLHF_VLLM_ARGS")  # more vllm.LLM arguments, JSON (benchmarks, tuning)
+    if extra:
+        import json
+
+        cfg.extra.update(json.loads(extra))
     for k, v in over.items():
         setattr(cfg, k, v)
     return cfg

@@ -118,39 +118,63 @@ def _stats(t0: float, nbytes: int, nbuckets: int) -> dict[str, float]:
 
 class CudaIPCSender:
     """Hybrid placement: every trainer rank packs each bucket on its GPU; rank 0 sends the merged
-    ``{gpu uuid: handle}`` to every engine, whose workers each open the handle of their own GPU."""
+    ``{gpu uuid: handle}`` to every engine, whose workers each open the handle of their own GPU.
 
-    def __init__(self, engines: Sequence[Any]) -> None:
+    ``keep_buffers``: the two bucket buffers (and the engines' mappings of them) live from one
+    sync to the next, so no CUDA IPC handle is opened twice; ``close()`` frees them.
+    """
+
+    def __init__(self, engines: Sequence[Any], keep_buffers: bool = True) -> None:
         self.engines = list(engines)
+        self.keep_buffers = keep_buffers
+        self._bufs: list[torch.Tensor] = []
+        self._handles: list[Any] = []
 
     def setup(self) -> None:  # nothing to build for IPC
         pass
 
+    def _buffers(self, nbytes: int, dev: torch.device) -> bool:
+        """Make sure two buffers of ``nbytes`` exist; True when they are new (engines must drop
+        their mappings of the old ones)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if self._bufs and self._bufs[0].numel() >= nbytes and self._bufs[0].device == dev:
+            return False
+        fresh = bool(self._bufs)
+        self._bufs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
+        # reduce_tensor's arguments do not keep a buffer alive: self._bufs does
+        self._handles = [reduce_tensor(b)[1] for b in self._bufs]
+        return fresh
+
     def send(self, source: WeightSource) -> dict[str, float]:
         import ray
-        from torch.multiprocessing.reductions import reduce_tensor
 
         rank, world = _rank_world()
         dist = _dist()
         dev = torch.device("cuda", torch.cuda.current_device())
         uuid = str(torch.cuda.get_device_properties(dev.index).uuid)
         t0 = _now_synced()
-        bufs = [torch.empty(source.max_bucket_bytes, dtype=torch.uint8, device=dev) for _ in range(2)]
-        # reduce_tensor's arguments do not keep the buffers alive: they stay referenced in `bufs`
-        handle_args = [reduce_tensor(b)[1] for b in bufs]
+        replaced = self._buffers(source.max_bucket_bytes, dev)
+        if replaced and rank == 0:  # engines still map the old buffers
+            ray.get([_call(e, "sync_done", True) for e in self.engines])
         pending: list[list] = [[], []]
+        t_pack = t_wait = t_load = 0.0
         try:
             for i, bucket in enumerate(source.buckets):
                 slot = i % 2
                 if rank == 0 and pending[slot]:
-                    ray.get(pending[slot])
+                    tw = time.perf_counter()
+                    t_load += sum(ray.get(pending[slot]))
+                    t_wait += time.perf_counter() - tw
                     pending[slot] = []
                 if world > 1 and i >= 2:
                     dist.barrier()  # no rank overwrites a buffer the engines may still read
+                tp = time.perf_counter()
                 with source.gathered(bucket) as tensors:
-                    pack(bucket, tensors, bufs[slot])
+                    pack(bucket, tensors, self._bufs[slot])
                 torch.cuda.current_stream(dev).synchronize()
-                mine = {uuid: handle_args[slot]}
+                t_pack += time.perf_counter() - tp
+                mine = {uuid: self._handles[slot]}
                 if world > 1:
                     every: list = [None] * world
                     dist.all_gather_object(every, mine)
@@ -160,14 +184,23 @@ class CudaIPCSender:
                     wire = metas_to_wire(bucket.metas)
                     pending[slot] = [_call(e, "load_ipc", mine, wire) for e in self.engines]
             if rank == 0:
-                ray.get(pending[0] + pending[1])
-                ray.get([_call(e, "sync_done") for e in self.engines])
+                tw = time.perf_counter()
+                t_load += sum(ray.get(pending[0] + pending[1]))
+                ray.get([_call(e, "sync_done", not self.keep_buffers) for e in self.engines])
+                t_wait += time.perf_counter() - tw
             if world > 1:
                 dist.barrier()
         finally:
-            del bufs, handle_args
-            torch.cuda.ipc_collect()
-        return _stats(t0, source.total_bytes, len(source.buckets))
+            if not self.keep_buffers:
+                self.close()
+        out = _stats(t0, source.total_bytes, len(source.buckets))
+        out.update({"sync_pack_seconds": t_pack, "sync_wait_seconds": t_wait,
+                    "sync_engine_load_seconds": t_load / max(len(self.engines), 1)})
+        return out
+
+    def close(self) -> None:
+        self._bufs, self._handles = [], []
+        torch.cuda.ipc_collect()
 
 
 # --------------------------------------------------------------------------- NCCL
@@ -234,21 +267,31 @@ class NcclSender:
         stream = torch.cuda.current_stream(dev)
         buf = torch.empty(source.max_bucket_bytes, dtype=torch.uint8, device=dev) if rank == 0 else None
         pending: list = []
+        t_pack = t_wait = t_load = 0.0
         for bucket in source.buckets:
             with source.gathered(bucket) as tensors:
                 if rank == 0:
+                    tw = time.perf_counter()
                     if pending:
-                        ray.get(pending)  # receivers done with the previous bucket
+                        t_load += sum(ray.get(pending))  # receivers done with the previous bucket
                     stream.synchronize()  # the previous broadcast has read `buf`
+                    t_wait += time.perf_counter() - tw
+                    tp = time.perf_counter()
                     flat = pack(bucket, tensors, buf)
                     wire = metas_to_wire(bucket.metas)
                     pending = [_call(e, "load_nccl", wire, bucket.nbytes) for e in self.engines]
                     self.comm.broadcast(flat, src=0, stream=stream)
+                    t_pack += time.perf_counter() - tp
         if rank == 0:
+            tw = time.perf_counter()
             stream.synchronize()
-            ray.get(pending)
+            t_load += sum(ray.get(pending))
             ray.get([_call(e, "sync_done") for e in self.engines])  # drops KV computed with old weights
-        return _stats(t0, source.total_bytes, len(source.buckets))
+            t_wait += time.perf_counter() - tw
+        out = _stats(t0, source.total_bytes, len(source.buckets))
+        out.update({"sync_pack_seconds": t_pack, "sync_wait_seconds": t_wait,
+                    "sync_engine_load_seconds": t_load / max(len(self.engines), 1)})
+        return out
 
     def close(self) -> None:
         if self.comm is not None and hasattr(self.comm, "destroy"):

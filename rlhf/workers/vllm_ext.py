@@ -59,11 +59,15 @@ class WeightSyncExtension:
         dev = self._rlhf_device()
         return str(torch.cuda.get_device_properties(dev.index).uuid)
 
-    def rlhf_load_ipc(self, handles: dict[str, Sequence[Any]], metas: Sequence[Sequence]) -> int:
+    def rlhf_load_ipc(self, handles: dict[str, Sequence[Any]], metas: Sequence[Sequence]) -> float:
         """Load one bucket from a CUDA IPC buffer. ``handles`` maps GPU uuid -> the arguments of
-        ``torch.multiprocessing.reductions.rebuild_cuda_tensor`` for the buffer on that GPU."""
+        ``torch.multiprocessing.reductions.rebuild_cuda_tensor`` for the buffer on that GPU.
+        Returns the seconds spent (opening the handle, ``load_weights``, synchronising)."""
+        import time
+
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
+        t0 = time.perf_counter()
         dev = self._rlhf_device()
         uuid = str(torch.cuda.get_device_properties(dev.index).uuid)
         if uuid not in handles:
@@ -76,14 +80,16 @@ class WeightSyncExtension:
         buf = cache.get(key)
         if buf is None:
             buf = rebuild_cuda_tensor(*args)
-            cache[key] = buf  # open each sender buffer once per sync
-        n = self._rlhf_load(list(unpack(buf, metas_from_wire(metas))))
+            cache[key] = buf  # each sender buffer is opened once, kept until released
+        self._rlhf_load(list(unpack(buf, metas_from_wire(metas))))
         torch.cuda.current_stream(dev).synchronize()  # the sender may reuse the buffer once we return
-        return n
+        return time.perf_counter() - t0
 
-    def rlhf_sync_done(self) -> None:
-        """Drop the IPC buffers opened during this sync (the trainer frees them next)."""
-        self.__dict__.pop("_rlhf_ipc_buffers", None)
+    def rlhf_sync_done(self, release: bool = True) -> None:
+        """End of a sync. ``release``: drop the opened IPC buffers (the trainer frees or replaces
+        them next); otherwise keep them mapped for the next sync."""
+        if release:
+            self.__dict__.pop("_rlhf_ipc_buffers", None)
         torch.cuda.synchronize(self._rlhf_device())
 
     # ------------------------------------------------------------------ NCCL
@@ -100,8 +106,11 @@ class WeightSyncExtension:
         self._rlhf_comm = PyNcclCommunicator(pg, device=self._rlhf_device())
         return rank
 
-    def rlhf_load_nccl(self, metas: Sequence[Sequence], nbytes: int) -> int:
-        """Receive one bucket by broadcast from rank 0 and load it."""
+    def rlhf_load_nccl(self, metas: Sequence[Sequence], nbytes: int) -> float:
+        """Receive one bucket by broadcast from rank 0 and load it; returns the seconds spent."""
+        import time
+
+        t0 = time.perf_counter()
         comm = getattr(self, "_rlhf_comm", None)
         if comm is None:
             raise RuntimeError("rlhf_init_weight_group was not called on this worker")
@@ -109,9 +118,9 @@ class WeightSyncExtension:
         buf = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
         stream = torch.cuda.current_stream(dev)
         comm.broadcast(buf, src=0, stream=stream)
-        n = self._rlhf_load(list(unpack(buf, metas_from_wire(metas))))
+        self._rlhf_load(list(unpack(buf, metas_from_wire(metas))))
         stream.synchronize()
-        return n
+        return time.perf_counter() - t0
 
     def rlhf_close_weight_group(self) -> None:
         comm = self.__dict__.pop("_rlhf_comm", None)

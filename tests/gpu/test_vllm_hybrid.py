@@ -38,8 +38,7 @@ def setup(model_05b):
     engine = ray.remote(VLLMEngine).options(num_gpus=0.5, num_cpus=0).remote(cfg)
     info = ray.get(engine.info.remote())
     record("vllm_engine_start", **info)
-    trainer = ray.remote(TrainerStub).options(num_gpus=0.5, num_cpus=0).remote(model_05b, zero_stage=3, lr=1e-3,
-                                                                             fused_adam=True)
+    trainer = ray.remote(TrainerStub).options(num_gpus=0.5, num_cpus=0).remote(model_05b, zero_stage=3, lr=1e-3)
     ray.get(trainer.setup_sync.remote("hybrid", [engine]))
     ray.get(trainer.offload.remote())  # hybrid: training states live in host memory between updates
     prompts = prompts_ids(tok, N_PROMPTS, seed=1)
