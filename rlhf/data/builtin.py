@@ -5,11 +5,11 @@ A fixed, seeded table maps each of ``N_KEYS`` key words to a value word. The pro
 order, and stops:
 
     prompt:   "key k3"              answer: "v4"        best response: "v4" <eos>
-    reward:   per answer position 1 for the right value, 0.2 for another value word; averaged,
-              halved if the response has more words than the answer (in [0, 1]; optimum 1.0)
+    reward:   0.75 × fraction of right values + 0.25 if it stops right after the answer
+              (in [0, 1]; optimum 1.0)
 
-A response that ignores the prompt does poorly: a constant value scores 0.2 + 0.8/8 = 0.3 on
-average, a random policy about 0.05. The data files are jsonl rows ``{"prompt", "answer"}``
+A response that ignores the prompt does poorly: a constant one-word answer scores 0.75/8 + 0.25 = 0.34
+on average, a random policy about 0.05. The data files are jsonl rows ``{"prompt", "answer"}``
 generated on first use under ``cache_dir()/data/keymap-v<VERSION>/`` and read through the same
 path users' files take; the reward ``rlhf.rewards.builtin:keymap_reward`` reads the ``answer``
 column that the data path passes along as metadata.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rlhf.paths import cache_dir
 
-VERSION = 7
+VERSION = 8
 N_KEYS = 8
 N_VALUES = 8
 ANSWER_LEN = 1
@@ -54,18 +54,16 @@ def prompt_for(keys: list[str]) -> str:
     return "key " + " ".join(keys)
 
 
-FORMAT_CREDIT = 0.0
+STOP_CREDIT = 0.25
 
 
 def score(response: str, answer: str) -> float:
-    """Per answer position: 1 for the right value, FORMAT_CREDIT for another value word, else 0;
-    averaged over the positions, then halved when the response runs on past the answer (it should
-    stop: EOS right after the last value). In [0, 1]; only the exact answer scores 1."""
+    """(1 - STOP_CREDIT) × the fraction of answer positions with the right value, plus STOP_CREDIT
+    when the response stops right after the answer's length (EOS). In [0, 1]; only the exact
+    answer followed by EOS scores 1."""
     got, want = response.split(), answer.split()
-    values = set(VALUES)
-    per = [1.0 if g == w else (FORMAT_CREDIT if g in values else 0.0) for g, w in zip(got, want)]
-    s = sum(per) / len(want)
-    return s if len(got) <= len(want) else 0.5 * s
+    matched = sum(1 for g, w in zip(got, want) if g == w) / len(want)
+    return (1.0 - STOP_CREDIT) * matched + (STOP_CREDIT if len(got) == len(want) else 0.0)
 
 
 def rows(split: str) -> list[dict]:

@@ -190,13 +190,15 @@ class PolicyWorker(TrainerSyncMixin, _Model):
                     add("actor/kl_loss", float((kl.detach() * mask).sum()) / max(n_tok, 1), n_tok)
                 loss = micro_batch_loss(total, mask, algo.loss_agg, denominators[k], self.world_size)
                 self.engine.backward(loss, scale_wrt_gas=False)
+                if self.engine.is_gradient_accumulation_boundary():
+                    self.last_grad_norm = self._grad_norm()
                 self.engine.step()
                 # this micro-batch's share of the optimizer step's global loss
                 pg_total += float(micro_batch_loss(per_token.detach(), mask, algo.loss_agg, denominators[k], 1))
                 for name, v in st.items():
                     add(f"actor/{name}", float(v), n_tok)
                 add("actor/entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1), n_tok)
-            gn = self.engine.get_global_grad_norm()
+            gn = self.last_grad_norm
             if gn is not None:
                 add("actor/grad_norm", float(gn), 1.0)
         out = {k: (sums[k], counts[k]) for k in sums}
@@ -241,6 +243,23 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         self.engine.module.save_pretrained(str(out), state_dict=state)
         load_tokenizer(self.model_path()).save_pretrained(str(out))
         return str(out)
+
+    last_grad_norm: Optional[float] = None
+
+    def _grad_norm(self) -> Optional[float]:
+        """Global gradient norm before clipping (DeepSpeed's own is only kept in some modes)."""
+        gn = self.engine.get_global_grad_norm()
+        if gn is not None:
+            return float(gn)
+        if self.spec.train.zero_stage >= 2:
+            return None  # gradients are partitioned; DeepSpeed reports the norm where it has it
+        # ZeRO 0/1: at the boundary DeepSpeed's backward has already averaged the gradients over
+        # the DP ranks, so this is the norm of the global gradient on every rank
+        sq = torch.zeros(())
+        for p in self.engine.module.parameters():
+            if p.grad is not None:
+                sq += p.grad.detach().float().pow(2).sum().cpu()
+        return float(sq.sqrt())
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks."""
