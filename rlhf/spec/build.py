@@ -115,8 +115,12 @@ def typed_config(cfg: Any) -> dict[str, Any]:
     try:
         obj = None
         if OmegaConf.get_type(cfg) is S.RunConfig and OmegaConf.get_type(cfg, "algo") is algo_cls:
-            keys = [k for k in cfg.keys() if k != "hydra"]
-            obj = OmegaConf.to_object(OmegaConf.masked_copy(cfg, keys) if "hydra" in cfg else cfg)
+            # section by section: no copy of the whole tree (Hydra's own node stays out)
+            values = {}
+            for f in dataclasses.fields(S.RunConfig):
+                v = cfg[f.name]
+                values[f.name] = OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
+            obj = S.RunConfig(**values)
         if not isinstance(obj, S.RunConfig) or not isinstance(obj.algo, algo_cls):
             plain = cfg.copy()
             OmegaConf.set_struct(plain, False)
@@ -152,8 +156,8 @@ def omegaconf_message(e: OmegaConfBaseException, value: Any = None) -> str:
     """One line for an OmegaConf error: the key path, the value, what was expected."""
     key = getattr(e, "full_key", None) or ""
     msg = str(e).split("\n")[0].strip()
-    if "Missing mandatory value" in msg:
-        return f"{key} is required but not set. Set it, e.g. {key}=..."
+    if "missing mandatory value" in msg.lower() or type(e).__name__ == "MissingMandatoryValue":
+        return f"{key} is required but not set (???). Set it: {key}=VALUE."
     if "not in" in msg and "Key" in msg:
         obj = getattr(e, "object_type", None)
         return unknown_key_message(key, obj)

@@ -65,8 +65,9 @@ BAD = [
      ["12 samples of an optimizer step", "8 data-parallel ranks", "Use train.prompts_per_step=8 (or 16)"]),
     (["train.prompts_per_step=10", *L8],
      ["train.micro_batch_size=8 does not divide the 10 samples", "(80 / 8)", "Use train.micro_batch_size=5"]),
-    (["algo.mini_batch_size=100"],
-     ["algo.mini_batch_size=100 does not divide", "128 samples", "Use algo.mini_batch_size=64 (or 128)"]),
+    (["algo.mini_batch_size=100", *L8],
+     ["algo.mini_batch_size=100 does not divide", "128 × algo.group_size=8 = 1024 samples",
+      "Use algo.mini_batch_size=64 (or 128)"]),
     # algorithm and other values
     (["algo.group_size=1"], ["algo.group_size=1: grpo compares samples of the same prompt", "algo.group_size=4"]),
     (["algo.kl.estimator=k4"], ["algo.kl.estimator='k4' is not valid", "Choose one of: k1, k2, k3"]),
@@ -76,6 +77,7 @@ BAD = [
     (["rollout.gpu_memory_utilization=1.5", *L8], ["rollout.gpu_memory_utilization=1.5 must be in (0, 1)"]),
     (["tracking.backend=wandb"], ["tracking.backend='wandb'", "mlflow, none"]),
     (["hardware.nodes=0"], ["hardware.nodes=0", "must be >= 1"]),
+    (["model.name=???"], ["model.name is required but not set", "model.name=VALUE"]),
 ]
 
 
