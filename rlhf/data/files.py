@@ -287,7 +287,7 @@ def _subset(rec: Records, idx: Iterable[int]) -> Records:
 
 
 def row_value(rec: Records, i: int, key: str, *, spec_key: str, kinds: tuple[str, ...] = ("text",)) -> Any:
-    """``rec.rows[i][key]`` checked to be one of ``kinds``: "text" (a non-empty string) or
+    """``rec.rows[i][key]`` checked to be one of ``kinds``: "text" (a string, possibly empty) or
     "messages" (a non-empty list of {role, content}). Raises UserError naming file, row and fix."""
     row = rec.rows[i]
     if key not in row:
@@ -298,9 +298,7 @@ def row_value(rec: Records, i: int, key: str, *, spec_key: str, kinds: tuple[str
             f"Set data.{spec_key}=<the key that holds {meaning}>."
         )
     value = row[key]
-    if "text" in kinds and isinstance(value, str):
-        if not value.strip() and spec_key != "prompt_key":
-            raise UserError(f"{rec.where(i)}: {key!r} is an empty string. Remove the row or fill it in.")
+    if "text" in kinds and isinstance(value, str):  # may be empty: an empty response is a response
         return value
     if "messages" in kinds and isinstance(value, list):
         check_messages(value, where=f"{rec.where(i)}: {key!r}")

@@ -28,8 +28,8 @@ from rlhf.data import builtin as task
 from rlhf.paths import cache_dir
 
 KINDS = ("sft", "preference", "prompts")
-VERSION = 1
-BUILTIN_SIZES = {"train": 512, "eval": 64}
+VERSION = 2  # of the generators below: part of the cache folder name, with the task's VERSION
+BUILTIN_SIZES = {"sft": (512, 128), "preference": (1024, 128), "prompts": (1024, 128)}  # (train, eval) rows
 
 
 def task_row(rng: random.Random) -> tuple[str, list[str]]:
@@ -46,11 +46,12 @@ def noisy_answer(answer: list[str], n_wrong: int, rng: random.Random) -> list[st
 
 
 def candidate(answer: list[str], rng: random.Random) -> str:
-    """A response of some quality: mostly near-misses of the answer, sometimes odd shapes."""
+    """A response of some quality: mostly the answer's format with some words wrong (so a reward
+    model has to learn the task, not the format), sometimes odd shapes an RL policy may try."""
     r = rng.random()
-    if r < 0.6:  # the answer with 0..len wrong words
+    if r < 0.7:  # the answer with 0..len wrong words
         words = noisy_answer(answer, rng.randint(0, len(answer)), rng)
-    elif r < 0.75:  # too short or too long
+    elif r < 0.8:  # too short or too long
         words = noisy_answer(answer, rng.randint(0, len(answer)), rng)
         if rng.random() < 0.5 and len(words) > 1:
             words = words[: rng.randint(1, len(words) - 1)]
@@ -58,6 +59,8 @@ def candidate(answer: list[str], rng: random.Random) -> str:
             words = words + [rng.choice(task.VALUES)]
     elif r < 0.9:  # value words in random order
         words = [rng.choice(task.VALUES) for _ in range(rng.randint(1, len(answer) + 1))]
+    elif r < 0.95:  # nothing (just the end of the response)
+        words = []
     else:  # anything from the vocabulary
         words = [rng.choice(task.WORDS) for _ in range(rng.randint(1, len(answer) + 1))]
     return " ".join(words)
@@ -134,7 +137,7 @@ def builtin_file(name: str) -> Path:
 
     task_name, _, split = name.partition("/")
     kind = task_name[len("keymap-"):] if task_name.startswith("keymap-") else ""
-    if kind not in KINDS or split not in BUILTIN_SIZES:
+    if kind not in KINDS or split not in ("train", "eval"):
         raise UserError(
             f"builtin:{name} is not a built-in data set. Use builtin:keymap/<train|eval> (RL prompts) or "
             "builtin:keymap-<sft|preference|prompts>/<train|eval>."
@@ -142,5 +145,6 @@ def builtin_file(name: str) -> Path:
     folder = cache_dir() / "data" / f"keymap-{kind}-v{VERSION}-t{task.VERSION}"
     with atomic_dir(folder) as tmp:
         if tmp is not None:
-            make(kind, tmp, n_train=BUILTIN_SIZES["train"], n_eval=BUILTIN_SIZES["eval"])
+            n_train, n_eval = BUILTIN_SIZES[kind]
+            make(kind, tmp, n_train=n_train, n_eval=n_eval)
     return folder / f"{split}.jsonl"
