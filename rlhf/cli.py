@@ -199,12 +199,12 @@ def check_group_choices(overrides: Sequence[str], allow_sweep: bool = False) -> 
     problems = []
     for ov in parse_overrides(overrides):
         group = ov.key_or_group
+        if ov.is_sweep_override() and not allow_sweep:
+            problems.append(f"{ov.input_line}: a sweep of values needs -m (multirun): rlhf-run -m {ov.input_line}")
+            continue
         if ov.is_delete() or ov.package or group not in GROUPS + INTERNAL_GROUPS:
             continue
         if ov.is_sweep_override():
-            if not allow_sweep:
-                problems.append(f"{ov.input_line}: a sweep of values needs -m (multirun).")
-                continue
             values = [str(v) for v in ov.sweep_string_iterator()]
         else:
             values = [str(ov.value())] if ov.value() is not None else []

@@ -41,6 +41,7 @@ BAD = [
     (["algo.lr"], ["cannot parse the override 'algo.lr'", "KEY=VALUE"]),
     (["--foo"], ["unknown option '--foo'", "--plan"]),
     (["algo=grpo,ppo"], ["algo=grpo,ppo: a sweep of values needs -m"]),
+    (["algo.lr=1e-6,2e-6"], ["algo.lr=1e-6,2e-6: a sweep of values needs -m", "rlhf-run -m algo.lr=1e-6,2e-6"]),
     (["algo.kind=dpo"], ["algo.kind='dpo' cannot be set", "algo=<name>"]),
     (["-cp", "/nonexistent/run", "-cn", "config"], ["no config config.yaml in /nonexistent/run", "-cp outputs/"]),
     # placement: tensor parallelism, device counts
