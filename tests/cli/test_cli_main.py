@@ -237,3 +237,9 @@ def test_readme_plan_commands_work(capsys):
         argv = [a for a in command.split()[1:]]
         assert cli.main(argv) == 0, command
         capsys.readouterr()
+
+
+@pytest.mark.parametrize("recipe", cli.group_options("recipe"))
+def test_every_recipe_plans(recipe, capsys):
+    out = plan(capsys, f"recipe={recipe}")
+    assert out.startswith("run: ") and f"recipe={recipe}" in out
