@@ -36,10 +36,10 @@ def test_grpo_learns(grpo_hybrid):
 
 
 @pytest.mark.parametrize("algo,extra", [
-    ("ppo", ["algo.critic.lr=3e-3"]),
+    ("ppo", ["algo.critic.lr=3e-3", "train.prompts_per_step=64"]),  # group_size 1: more prompts
     ("dr_grpo", []),
     ("rloo", []),
-    ("reinforce_pp", []),
+    ("reinforce_pp", ["train.prompts_per_step=64"]),  # group_size 1: more prompts for the same samples
     ("reinforce_pp_baseline", []),
 ])
 def test_algo_learns(rl_env, tmp_path, algo, extra):
