@@ -125,7 +125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         if args.fn:
-            from rlhf.rewards.loading import load_function
+            from rlhf.rewards.loader import load_function
 
             score = load_function(args.fn)
         else:
