@@ -262,7 +262,8 @@ class TrackingSpec(Frozen):
 class CheckpointSpec(Frozen):
     every: int = 0  # steps; 0 = only at the end
     keep_last: int = 2
-    save_hf: bool = True
+    save_hf: bool = True  # an HF-format export of each trained role inside every checkpoint
+    best_metric: Optional[str] = None  # a metric (e.g. eval/reward/mean): its best checkpoint survives rotation
 
 
 @dataclass
