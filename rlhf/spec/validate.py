@@ -178,6 +178,11 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.extend(_batch_problems(s, roles))
     if train.zero_stage not in (0, 1, 2, 3):
         p.append(f"train.zero_stage={train.zero_stage} is not a ZeRO stage. Use 0, 1, 2 or 3.")
+    elif train.offload_optimizer and train.zero_stage == 0:
+        p.append(
+            "train.offload_optimizer=true needs ZeRO (DeepSpeed offloads the optimizer state of ZeRO "
+            "stages 1-3), but train.zero_stage=0. Use train.zero_stage=2 or 3, or train.offload_optimizer=false."
+        )
     if rollout.max_response_tokens < 1 or rollout.max_prompt_tokens < 1:
         p.append("rollout.max_prompt_tokens and rollout.max_response_tokens must be >= 1.")
     if rollout.temperature <= 0 and "rollout" in roles:
@@ -195,8 +200,27 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             "give one weight per file."
         )
     rw = s["reward"]
-    if algo.kind == "rl" and not rw.functions and not rw.model_path:
-        p.append("this RL run has no reward: set reward.functions (module:function) or reward.model_path.")
+    if algo.kind == "rl" and not rw.functions and not rw.model_path and rw.remote is None:
+        p.append("this RL run has no reward: set reward.functions (module:function), reward.model_path "
+                 "or reward.remote.urls.")
+    if rw.remote is not None:
+        rr = rw.remote
+        if not rr.urls:
+            p.append("reward.remote.urls is empty: give at least one reward server, e.g. "
+                     "reward.remote.urls=[http://127.0.0.1:8000] (start one with rlhf-reward-server).")
+        for i, u in enumerate(rr.urls):
+            if not (u.startswith("http://") or u.startswith("https://")):
+                p.append(f"reward.remote.urls[{i}]={u!r} must start with http:// or https://.")
+        for key in ("batch_size", "concurrency"):
+            if getattr(rr, key) < 1:
+                p.append(f"reward.remote.{key}={getattr(rr, key)} must be >= 1.")
+        if rr.retries < 0:
+            p.append(f"reward.remote.retries={rr.retries} must be >= 0.")
+        if rr.timeout_s <= 0:
+            p.append(f"reward.remote.timeout_s={rr.timeout_s} must be > 0.")
+        names = {f.name or f.fn.rpartition(":")[2] for f in rw.functions}
+        if rr.name in names:
+            p.append(f"reward.remote.name={rr.name!r} is also a reward function's name: choose another.")
     for i, f in enumerate(rw.functions):
         if ":" not in f.fn:
             p.append(

@@ -79,6 +79,8 @@ BAD = [
     (["tracking.backend=wandb"], ["tracking.backend='wandb'", "mlflow, none"]),
     (["hardware.nodes=0"], ["hardware.nodes=0", "must be >= 1"]),
     (["model.name=???"], ["model.name is required but not set", "model.name=VALUE"]),
+    (["train.offload_optimizer=true", "train.zero_stage=0"],
+     ["train.offload_optimizer=true needs ZeRO", "train.zero_stage=2 or 3"]),
 ]
 
 
