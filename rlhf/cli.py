@@ -4,6 +4,7 @@
     rlhf-run algo=ppo model=llama3-8b hardware=8xh100 --plan
     rlhf-run -m algo.lr=1e-3,3e-3              # a sweep (Hydra multirun, see rlhf/sweep.py)
     rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config    # rerun a run's saved config
+    rlhf-run resume=outputs/2026-11-29/12-00-00            # continue it from its newest checkpoint
 
 A single run is composed with Hydra's compose API, so every config error becomes one readable
 line and exit code 2 before anything starts (HYDRA_FULL_ERROR=1 shows the traceback instead).
@@ -460,6 +461,33 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
 # ----------------------------------------------------------------------------- run
 
 
+def _resume_dir(overrides: Sequence[str]) -> Optional[str]:
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k == "resume" and v not in ("", "null"):
+            return v
+    return None
+
+
+def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False):
+    """``rlhf-run resume=<run dir> [KEY=VALUE ...]``: the run's saved config.yaml (+ overrides), in
+    the same run dir; the RL loop then loads the newest checkpoint and continues at the next step."""
+    from omegaconf import open_dict
+
+    from rlhf.spec.build import build
+    from rlhf.spec.errors import SpecError
+
+    folder = Path(run_dir).expanduser().resolve()
+    if not (folder / "config.yaml").is_file():
+        raise SpecError([f"resume={run_dir}: no config.yaml there. Give the run dir of the run to continue "
+                         "(outputs/<date>/<time>, the one holding config.yaml and checkpoints/)."])
+    cfg = compose(list(overrides) + [f"output_dir={folder}", f"resume={folder}"], config_dir=str(folder),
+                  config_name="config")
+    with open_dict(cfg):
+        cfg.mode = "plan" if plan else "run"
+    return build(cfg, overrides=tuple(overrides), changes=(f"resume={folder}", *overrides))
+
+
 def execute(spec: Any) -> int:
     """Plan or run a built spec; the return value is the process exit code.
 
@@ -478,10 +506,12 @@ def execute(spec: Any) -> int:
 
         for w in warnings(spec, estimate(spec)):
             print(f"warning: {w}", file=sys.stderr)
-    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
     from rlhf.run import run
 
     try:
+        from rlhf.preflight import check_output_dir
+
+        check_output_dir(spec.output_dir)
         return int(run(spec) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -501,8 +531,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from rlhf.sweep import multirun_main
 
             return multirun_main(args)
-        cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-        spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
+        resume = _resume_dir(args.overrides)
+        if resume is not None:
+            spec = resume_spec(resume, [o for o in args.overrides if o.split("=", 1)[0] != "resume"], args.plan)
+        else:
+            cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

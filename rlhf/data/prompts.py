@@ -71,6 +71,24 @@ class PromptSource:
             self.rng.shuffle(idx)
         return idx
 
+    def drop(self, keep) -> int:
+        """Remove the rows for which ``keep(row)`` is false (e.g. prompts over the length limit);
+        returns how many. A file left empty is a UserError."""
+        dropped = 0
+        for i, name in enumerate(self.spec.train_files):
+            rows = [r for r in self.files[i] if keep(r)]
+            dropped += len(self.files[i]) - len(rows)
+            if not rows:
+                raise UserError(f"data file {name!r}: every prompt is longer than rollout.max_prompt_tokens. "
+                                "Raise rollout.max_prompt_tokens, or give shorter prompts.")
+            if len(rows) != len(self.files[i]):
+                self.files[i] = rows
+                self._orders[i] = self._order(i)
+                self._pos[i] = 0
+        if not self.spec.weights:
+            self.weights = [len(r) for r in self.files]
+        return dropped
+
     def next(self, n: int) -> list[dict]:
         out = []
         for _ in range(n):
@@ -83,7 +101,21 @@ class PromptSource:
         return out
 
     def state_dict(self) -> dict:
-        return {"consumed": self.consumed, "pos": list(self._pos), "rng": self.rng.getstate()}
+        """Where the data stands: rows served, position in each file's current epoch order, those
+        orders, and the mixing/shuffling RNG. ``load_state_dict`` of it serves the same rows next."""
+        return {"consumed": self.consumed, "pos": list(self._pos), "rng": self.rng.getstate(),
+                "orders": [list(o) for o in self._orders]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["pos"]) != len(self.files):
+            raise UserError(f"the checkpoint's data position has {len(state['pos'])} train files, this run "
+                            f"{len(self.files)}: resume with the same data.train_files.")
+        self.consumed = int(state["consumed"])
+        self._pos = [int(p) for p in state["pos"]]
+        rng = state["rng"]
+        self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+        if "orders" in state:
+            self._orders = [list(o) for o in state["orders"]]
 
 
 def render_prompt(row: dict, data_spec: Any, tokenizer) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 
 from rlhf import algos
+from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, select, size
 from rlhf.data.prompts import PromptSource, render_prompt
 from rlhf.rewards import Rewards
@@ -53,6 +54,12 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     algo, B = spec.algo, spec.batch
     tokenizer = load_tokenizer(resolve_model_path(spec.model.path, spec.model))
     data = PromptSource(spec.data, spec.train.seed)
+    from rlhf.preflight import long_prompt_filter
+
+    dropped = data.drop(long_prompt_filter(spec, tokenizer))  # counted in the driver's preflight too
+    if dropped:
+        console.print(f"data: dropped {dropped} prompts longer than rollout.max_prompt_tokens="
+                      f"{spec.rollout.max_prompt_tokens}")
     rewards = Rewards(spec.reward)
     kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
               else algos.FixedKLController(algo.kl.coef))
@@ -62,10 +69,22 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     # with vLLM sampling, the trainer's own log-probs anchor the ratio (and measure the mismatch)
     need_old_logp = (B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
                      or spec.rollout_engine == "vllm")
-    metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
+    ckpt = ckpt_io.manager(spec, run_dir)
     history: list[dict[str, float]] = []
+    start = 0
+    resumed = ckpt_io.latest(spec, run_dir)
+    if resumed is not None:  # resume=<run dir>, or a restarted run whose dir has a checkpoint
+        state = ckpt_io.restore(resumed, cluster)
+        data.load_state_dict(state["data"])
+        kl_ctl.load_state_dict(state["kl"])
+        history, start = state["history"], state["step"]
+        sync.after_generate()
+        sync.sync()  # the rollout engines get the restored policy
+        console.print(f"resumed from {resumed.path} at step {start + 1}")
+    _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
+    metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
     try:
-        for step in range(spec.train.steps):
+        for step in range(start, spec.train.steps):
             ph = Phases()
             t_step = time.perf_counter()
 
@@ -130,7 +149,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1:
                 tracker.log(step, m)
             console.step(step, m)
-            maybe_checkpoint(spec, step, cluster, data)
+            maybe_checkpoint(spec, step, cluster, data, ckpt=ckpt, kl_ctl=kl_ctl, history=history,
+                             run_dir=run_dir, console=console)
     finally:
         metrics_file.close()
         rewards.close()
@@ -392,11 +412,30 @@ def step_metrics(spec, samples: list[Sample], scores: torch.Tensor, parts: dict,
     return m
 
 
-def maybe_checkpoint(spec: Any, step: int, cluster: Any, data: Any) -> None:
-    """Checkpoint hook (``checkpoint.every`` / end of run). Saving and resuming are another issue:
-    they plug in here with ``cluster.actor.call("full_state_dict")``, ``data.state_dict()`` and the
-    KL controller's state."""
-    return None
+def maybe_checkpoint(spec: Any, step: int, cluster: Any, data: Any, ckpt=None, kl_ctl=None, history=None,
+                     run_dir: Optional[str] = None, console=None) -> None:
+    """Checkpoint hook: the full training state every ``checkpoint.every`` steps and at the end
+    (``rlhf.ckpt.training``), and the final HF export ``<run_dir>/final/hf`` at the end."""
+    if ckpt is None:
+        return
+    done, last = step + 1, spec.train.steps
+    if ckpt.due(done, last):
+        state = {"step": done, "data": data.state_dict(), "kl": kl_ctl.state_dict(), "history": list(history)}
+        path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics=history[-1] if history else None)
+        if console is not None:
+            console.print(f"checkpoint: {path}")
+    if done == last:
+        final = ckpt_io.export_final(spec, cluster, run_dir)
+        if console is not None:
+            console.print(f"saved {final} (HF format)")
+
+
+def _keep_metrics_before(path: Path, start: int) -> None:
+    """A resumed run rewrites its metrics from ``start`` on: drop lines of steps >= start."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < start]
+    path.write_text("".join(line + "\n" for line in keep))
 
 
 def summarize(history: list[dict[str, float]]) -> dict[str, float]:

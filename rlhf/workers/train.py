@@ -94,6 +94,30 @@ class _Model(Worker):
         for s in range(0, size(batch), m):
             yield _to(select(batch, slice(s, s + m)), self.torch_device())
 
+    # -- checkpoints (rlhf.ckpt.training): the DeepSpeed state (weights, optimizer, scheduler) and
+    #    this process's RNG under <checkpoint dir>/<role>/; every rank calls (the save is collective)
+    def save_state(self, path: str) -> None:
+        from pathlib import Path
+
+        from rlhf.ckpt.state import rng_state
+
+        folder = Path(path) / self.role
+        folder.mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(str(folder), tag="ds")
+        torch.save(rng_state(), folder / f"rng_rank{self.rank}.pt")
+
+    def load_state(self, path: str) -> None:
+        from pathlib import Path
+
+        from rlhf.ckpt.state import set_rng_state
+
+        folder = Path(path) / self.role
+        loaded, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if loaded is None:
+            raise RuntimeError(f"no DeepSpeed checkpoint of {self.role} in {folder}")
+        set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))
+
     # -- supervised loops (rlhf.loops.sft / rm / dpo): the loss comes with the call, as
     #    ``fn(model, micro_batch)`` (see rlhf.loops.objectives); micro-batches are made by the driver.
     def _fn_module(self):
@@ -277,6 +301,9 @@ class CriticWorker(_Model):
     """PPO's value model, trained with the clipped value loss."""
 
     kind = "token_value"
+    # the HF export (AutoModelForTokenClassification with one label), as the policy's
+    save_hf = PolicyWorker.save_hf
+    full_state_dict = PolicyWorker.full_state_dict
 
     def setup(self) -> None:
         import deepspeed

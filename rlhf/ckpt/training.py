@@ -1,0 +1,87 @@
+"""Save and restore the full training state of an RL run (``rlhf.loops.rl`` calls these).
+
+A checkpoint ``<run_dir>/checkpoints/step_XXXXXXXX/`` (written atomically by CheckpointManager):
+
+    driver.pt        next step, data position (PromptSource state incl. its RNG), KL controller,
+                     the driver's RNG, the metrics history (for the run summary)
+    actor/ds/...     DeepSpeed checkpoint: weights, optimizer, LR scheduler (every rank's shard)
+    actor/rng_rank<r>.pt   each rank's RNG (torch, python, numpy)
+    critic/...       the same for PPO's critic
+    actor/hf, critic/hf    HF-format exports (``checkpoint.save_hf``), from_pretrained-ready
+
+The rollout engines hold no state of their own: their sampling seeds are derived from the run
+seed, the step and the prompt (``rlhf.loops.rl.sampling_for``), and their weights come from the
+actor by a weight sync right after restoring. Reference and reward model are frozen.
+
+At the end of every run ``<run_dir>/final/hf`` is the policy (and ``final/critic_hf`` PPO's
+critic), the same contract as the sft/rm/dpo loops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+
+TRAINED_ROLES = ("actor", "critic")
+
+
+def manager(spec: Any, run_dir: str) -> CheckpointManager:
+    c = spec.checkpoint
+    return CheckpointManager(run_dir, every=c.every, keep_last=c.keep_last, best_metric=c.best_metric)
+
+
+def _groups(cluster: Any) -> list:
+    return [g for g in (cluster.actor, cluster.critic) if g is not None]
+
+
+def save(spec: Any, ckpt: CheckpointManager, step: int, cluster: Any, driver_state: dict,
+         metrics: Optional[dict] = None) -> Path:
+    """Checkpoint after ``step`` finished steps (``driver_state['step']`` = the next step to run)."""
+    import torch
+
+    from rlhf.ckpt.state import rng_state
+
+    tmp = ckpt.begin(step)
+    for g in _groups(cluster):
+        g.call("save_state", str(tmp))
+        if spec.checkpoint.save_hf:
+            g.call("save_hf", str(tmp / g.role / "hf"))
+    torch.save({**driver_state, "rng": rng_state()}, tmp / "driver.pt")
+    return ckpt.commit(tmp, step, metrics)
+
+
+def latest(spec: Any, run_dir: str) -> Optional[CheckpointInfo]:
+    """The checkpoint to resume from: ``resume=<dir>`` (a run dir or a checkpoint dir), else the
+    run dir's own newest complete checkpoint (a restarted run continues by itself)."""
+    src = spec.resume or run_dir
+    p = Path(src)
+    if (p / "driver.pt").is_file() and p.name.startswith("step_"):
+        import json
+
+        info = json.loads((p / "COMPLETE").read_text())
+        return CheckpointInfo(step=int(info["step"]), path=p)
+    return find_latest(src)
+
+
+def restore(info: CheckpointInfo, cluster: Any) -> dict:
+    """Load every trained role's DeepSpeed state and RNG; return the driver state (its RNG set)."""
+    import torch
+
+    from rlhf.ckpt.state import set_rng_state
+
+    for g in _groups(cluster):
+        g.call("load_state", str(info.path))
+    state = torch.load(info.path / "driver.pt", weights_only=False)
+    set_rng_state(state.pop("rng"))
+    return state
+
+
+def export_final(spec: Any, cluster: Any, run_dir: str) -> str:
+    """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready."""
+    final = Path(run_dir) / "final"
+    cluster.actor.call("save_hf", str(final / "hf"))
+    if cluster.critic is not None:
+        cluster.critic.call("save_hf", str(final / "critic_hf"))
+    return str(final / "hf")
