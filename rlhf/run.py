@@ -18,6 +18,7 @@ from rlhf.spec.errors import UserError
 
 EXIT_USER = 2
 EXIT_INTERRUPT = 130
+EXIT_FAILURE = 1  # a worker process died
 LOOPS = ("rl", "sft", "rm", "dpo")  # rlhf/loops/<kind>.py, each with run(spec, cluster, tracker, console, run_dir)
 
 
@@ -52,6 +53,9 @@ def run(spec: Any) -> int:
     cluster = tracker = console = None
     status = "FAILED"
     try:
+        from rlhf.preflight import check_output_dir, preflight
+
+        check_output_dir(spec.output_dir or "outputs/run")
         run_dir = write_run_dir(spec)
         from rlhf.track import Console, Tracker
 
@@ -59,9 +63,9 @@ def run(spec: Any) -> int:
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(f"run dir: {run_dir}")
         console.print(tracker.where())
-        from rlhf.models import resolve_model_path
-
-        resolve_model_path(spec.model.path, spec.model)  # builds builtin:tiny once, before workers start
+        # data, reward functions, model path and tokenizer: checked here, before Ray starts (also
+        # builds builtin:tiny once, before workers start)
+        preflight(spec, console)
         from rlhf.launch import start_cluster
 
         cluster = start_cluster(spec)
@@ -97,6 +101,11 @@ def run(spec: Any) -> int:
             _close(console)
             print(f"error: {user}", file=sys.stderr)
             return EXIT_USER
+        died = _dead_worker(e, cluster)
+        if died is not None:
+            _close(console)
+            print(f"error: {died}", file=sys.stderr)
+            return EXIT_FAILURE
         raise
     finally:
         # a second Ctrl-C during cleanup must not leave actors behind
@@ -121,6 +130,36 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _dead_worker(e: BaseException, cluster) -> str | None:
+    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # pragma: no cover
+        return None
+    if not isinstance(e, RayActorError):
+        return None
+    actor_id = getattr(e, "actor_id", None)
+    role, rank = "a", None
+    if cluster is not None and actor_id:
+        for name, group in cluster.groups.items():
+            for r, w in enumerate(group.workers):
+                if w._actor_id.hex() == actor_id:
+                    role, rank = name, r
+    cause = str(e).strip().split("\n")[0][:300]
+    who = f"the {role} worker (rank {rank})" if rank is not None else "a worker process"
+    ckpt = ""
+    if cluster is not None:
+        try:
+            from rlhf.ckpt.manager import find_latest
+
+            latest = find_latest(cluster.spec.output_dir or "outputs/run")
+            ckpt = f" Last checkpoint: {latest.path} (step {latest.step}); continue with resume=<run dir>." if latest \
+                else " No checkpoint was written yet."
+        except Exception:  # noqa: BLE001
+            pass
+    return f"{who} died during the run ({cause}). Cluster shut down.{ckpt}"
 
 
 def _user_error_inside(e: BaseException):

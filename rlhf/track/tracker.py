@@ -44,7 +44,7 @@ def _params(spec: Any) -> dict[str, str]:
 class Tracker:
     """MLflow run of one training run (``tracking.backend=none``: a no-op)."""
 
-    def __init__(self, spec: Any, run_dir: str, artifacts: tuple[str, ...] = ()):
+    def __init__(self, spec: Any, run_dir: str, artifacts: tuple[str, ...] = (), open_run: bool = True):
         self.spec = spec
         self.enabled = spec.tracking.backend == "mlflow"
         self.run_id: Optional[str] = None
@@ -73,14 +73,42 @@ class Tracker:
                 self.experiment_id = self.client.get_experiment_by_name(spec.tracking.experiment).experiment_id
         else:
             self.experiment_id = exp.experiment_id
-        run = self.client.create_run(self.experiment_id, run_name=Path(run_dir).name,
-                                     tags={"rlhf.run_dir": str(Path(run_dir).resolve()), "rlhf.algo": spec.algo.name})
+        if not open_run:  # the experiment only (a sweep's parent run is made by rlhf.sweep)
+            return
+        run_dir_abs = str(Path(run_dir).resolve())
+        if getattr(spec, "resume", None):  # a resumed run continues its own MLflow run
+            old = self.client.search_runs([self.experiment_id], filter_string=f"tags.`rlhf.run_dir` = '{run_dir_abs}'",
+                                          order_by=["attributes.start_time DESC"], max_results=1)
+            if old:
+                self.run_id = old[0].info.run_id
+                self.client.update_run(self.run_id, status="RUNNING")
+                self.client.set_tag(self.run_id, "rlhf.resumed", "true")
+                return
+        tags = {"rlhf.run_dir": run_dir_abs, "rlhf.algo": spec.algo.name, "rlhf.model_path": str(spec.model.path)}
+        parent = os.environ.get("RLHF_MLFLOW_PARENT_RUN_ID")  # set by rlhf.sweep for each job of a sweep
+        if parent:
+            tags.update({"mlflow.parentRunId": parent, "rlhf.sweep_job": os.environ.get("RLHF_SWEEP_JOB", "")})
+        run = self.client.create_run(self.experiment_id, run_name=Path(run_dir).name, tags=tags)
         self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in _params(spec).items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         for a in artifacts:
             self.client.log_artifact(self.run_id, a)
+        # the Hydra overrides of the command line and the model path, as artifacts too
+        self.client.log_text(self.run_id, "\n".join(getattr(spec, "overrides", ())) + "\n", "overrides.txt")
+        self.client.log_text(self.run_id, str(spec.model.path) + "\n", "model_path.txt")
+
+    @classmethod
+    def experiment_only(cls, spec: Any, run_dir: str) -> "Tracker":
+        """The client and experiment of ``spec.tracking``, without a run of its own."""
+        return cls(spec, run_dir, open_run=False)
+
+    def log_model_path(self, path: str) -> None:
+        """Where the run's final HF export is (``final/hf``): a tag and an artifact."""
+        if self.enabled and self.run_id:
+            self.client.set_tag(self.run_id, "rlhf.final_model", str(Path(path).resolve()))
+            self.client.log_text(self.run_id, str(Path(path).resolve()) + "\n", "final_model_path.txt")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

@@ -1,0 +1,175 @@
+"""Checks of a run's inputs in the driver, BEFORE Ray starts: a bad data file, reward function,
+model path or output dir is one ``UserError`` line (exit code 2) and no half-started cluster.
+
+    check_output_dir(path)            writable (created if missing)
+    check_model(spec)                 model path is a checkpoint; its tokenizer has a pad token
+                                      (or an EOS to use as one) and a chat template where needed
+    check_prompts(spec, tokenizer)    RL prompt files: readable, every row has a text prompt,
+                                      ids unique, not every prompt over rollout.max_prompt_tokens
+    check_rewards(spec)               every reward function imports (the file or module named,
+                                      nothing else)
+
+``preflight(spec)`` runs all that apply to the run's kind; ``rlhf.run.run`` calls it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from rlhf.spec.errors import UserError
+
+ID_KEYS = ("id", "uid", "prompt_id")
+
+
+def check_output_dir(path: str) -> None:
+    p = Path(path).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=p)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(
+            f"output_dir={path} is not writable ({e.strerror or type(e).__name__}). "
+            "Give a directory you can write to: output_dir=<path>."
+        ) from None
+    if not p.is_dir():
+        raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
+
+
+def check_model(spec: Any, needs_chat_template: bool = False):
+    """Resolve the model path and load its tokenizer (builds builtin:tiny once). Returns the tokenizer."""
+    from rlhf.models import load_tokenizer, resolve_model_path
+
+    path = resolve_model_path(spec.model.path, spec.model)
+    tok = load_tokenizer(path)
+    if tok.pad_token is None:
+        raise UserError(
+            f"the tokenizer of model.path={spec.model.path} has neither a pad token nor an EOS token to pad with. "
+            "Add one to the checkpoint (tokenizer.add_special_tokens({'pad_token': ...}); save_pretrained)."
+        )
+    if needs_chat_template and not getattr(tok, "chat_template", None):
+        raise UserError(
+            f"data.chat_template=true (or chat-message prompts) but the tokenizer of model.path={spec.model.path} "
+            "has no chat template. Set data.chat_template=false, or use a checkpoint whose "
+            "tokenizer_config.json has a chat_template."
+        )
+    return tok
+
+
+def needs_chat_template(spec: Any, rows: Optional[list] = None) -> bool:
+    if spec.data.chat_template:
+        return True
+    key = spec.data.prompt_key
+    return bool(rows) and any(isinstance(r.get(key), list) for r in rows)
+
+
+def _where(name: str, i: int) -> str:
+    return f"data file {name}, row {i}"
+
+
+def check_prompt_rows(name: str, rows: list[dict], prompt_key: str) -> None:
+    """Every row has a non-empty text prompt (or chat messages); ids (if any) are unique."""
+    from rlhf.data.files import check_messages
+
+    seen: dict[Any, int] = {}
+    id_key = next((k for k in ID_KEYS if rows and k in rows[0]), None)
+    for i, row in enumerate(rows):
+        v = row.get(prompt_key)
+        if v is None:
+            keys = ", ".join(k for k, x in row.items() if x is not None) or "none"
+            raise UserError(
+                f"{_where(name, i)}: no {prompt_key!r} (keys: {keys}). Add it to every row, or set "
+                "data.prompt_key=<the key that holds the prompt>."
+            )
+        if isinstance(v, list):
+            check_messages(v, where=f"{_where(name, i)}: {prompt_key!r}")
+        elif not isinstance(v, str):
+            raise UserError(
+                f"{_where(name, i)}: {prompt_key!r} should be a string (or a list of chat messages), got "
+                f"{type(v).__name__} ({str(v)[:40]}). Fix the row, or point data.prompt_key at the text."
+            )
+        elif not v.strip():
+            raise UserError(f"{_where(name, i)}: {prompt_key!r} is empty. Remove the row or give it a prompt.")
+        if id_key is not None and row.get(id_key) is not None:
+            rid = row[id_key]
+            if rid in seen:
+                raise UserError(
+                    f"{_where(name, i)}: duplicate {id_key} {rid!r} (also row {seen[rid]}). "
+                    f"Give every row its own {id_key}, or remove the repeated row."
+                )
+            seen[rid] = i
+
+
+def prompt_lengths(spec: Any, tokenizer, rows: list[dict]) -> list[int]:
+    from rlhf.data.prompts import render_prompt
+
+    out = []
+    for row in rows:
+        text = render_prompt(row, spec.data, tokenizer)
+        templated = spec.data.chat_template or isinstance(row[spec.data.prompt_key], list)
+        out.append(len(tokenizer(text, add_special_tokens=not templated)["input_ids"]))
+    return out
+
+
+def long_prompt_filter(spec: Any, tokenizer):
+    """A ``keep(row)`` predicate: the prompt fits rollout.max_prompt_tokens."""
+    limit = spec.rollout.max_prompt_tokens
+
+    def keep(row: dict) -> bool:
+        return prompt_lengths(spec, tokenizer, [row])[0] <= limit
+
+    return keep
+
+
+def check_prompts(spec: Any, tokenizer) -> dict[str, int]:
+    """Read every RL train file and check its rows; {file: prompts over the length limit}.
+
+    Raises UserError when a file cannot be read, a row is bad, or every prompt is over the limit."""
+    from rlhf.data.prompts import read_rows
+
+    limit = spec.rollout.max_prompt_tokens
+    over: dict[str, int] = {}
+    total = kept = 0
+    for name in spec.data.train_files:
+        rows = read_rows(name, spec.data.prompt_key)
+        check_prompt_rows(name, rows, spec.data.prompt_key)
+        n_over = sum(1 for n in prompt_lengths(spec, tokenizer, rows) if n > limit)
+        over[name] = n_over
+        total += len(rows)
+        kept += len(rows) - n_over
+    if total and kept == 0:
+        raise UserError(
+            f"all {total} prompts of data.train_files are longer than rollout.max_prompt_tokens={limit} tokens. "
+            "Raise rollout.max_prompt_tokens, or give shorter prompts."
+        )
+    return over
+
+
+def check_rewards(spec: Any) -> None:
+    """Import every reward function now (a typo or an import error is found before Ray starts)."""
+    from rlhf.rewards.loader import load_function
+
+    for f in spec.reward.functions:
+        load_function(f.fn)
+
+
+def preflight(spec: Any, console: Any = None) -> None:
+    """Everything that can be checked in the driver before the cluster starts (UserError)."""
+    check_output_dir(spec.output_dir or "outputs/run")
+    if spec.algo.kind == "rl":
+        from rlhf.data.prompts import read_rows
+
+        first = read_rows(spec.data.train_files[0], spec.data.prompt_key) if spec.data.train_files else []
+        tok = check_model(spec, needs_chat_template(spec, first))
+        over = check_prompts(spec, tok)
+        check_rewards(spec)
+        n = sum(over.values())
+        if n and console is not None:
+            console.print(f"data: {n} prompts longer than rollout.max_prompt_tokens={spec.rollout.max_prompt_tokens} "
+                          "will be dropped (" + ", ".join(f"{k}: {v}" for k, v in over.items() if v) + ")")
+    else:
+        check_model(spec)
