@@ -76,6 +76,8 @@ def run(spec: Any) -> int:
         loop = importlib.import_module(f"rlhf.loops.{kind}")
         summary = loop.run(spec, cluster, tracker, console, str(run_dir))
         status = "FINISHED"
+        if (run_dir / "final" / "hf").is_dir():  # every loop ends with its HF export there
+            tracker.log_model_path(str(run_dir / "final" / "hf"))
         console.close()
         if kind == "rl":
             console.print(

@@ -12,9 +12,9 @@ its spec exactly like a single run and calls ``rlhf.cli.execute(spec)``.
   ``<sweep dir>/sweep_results.yaml`` keeps the same summary.
 - ``-m ... --plan`` prints each job's plan and starts no Hydra machinery at all.
 
-Hooks: ``SweepHooks`` is called at the start and end of the sweep and of each job. It does nothing
-today; MLflow parent/child runs (one parent run per sweep, one child per job) are meant to be a
-``SweepHooks`` subclass returned by ``default_hooks``.
+Hooks: ``SweepHooks`` is called at the start and end of the sweep and of each job. ``default_hooks``:
+``RaySweepHooks`` (one Ray cluster for every job, shut down after the last) and ``MlflowSweepHooks``
+(one MLflow parent run per sweep, a child run per job; a failed job's child run is FAILED).
 """
 
 from __future__ import annotations
@@ -66,9 +66,117 @@ class SweepHooks:
         pass
 
 
+PARENT_ENV = "RLHF_MLFLOW_PARENT_RUN_ID"  # read by rlhf.track.Tracker: the job's run becomes a child
+JOB_ENV = "RLHF_SWEEP_JOB"
+
+
+class RaySweepHooks(SweepHooks):
+    """One Ray cluster for the whole sweep: started before the first job that runs (unless Ray is
+    already up or ``ray.address`` joins one), shut down after the last. Each job's cluster then
+    only kills its own actors and placement groups (``Cluster.shutdown``)."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def job_start(self, job: Job, spec: Any) -> None:
+        if spec.mode != "run" or spec.ray.address:
+            return
+        import os
+
+        import ray
+
+        if ray.is_initialized():
+            return
+        from rlhf.launch.group import worker_env
+
+        cpus = spec.ray.num_cpus or os.cpu_count() or 1
+        kwargs: dict = {"include_dashboard": False, "runtime_env": {"env_vars": worker_env(spec)},
+                        "log_to_driver": True}
+        if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout
+            kwargs.update(num_cpus=max(cpus, 64), num_gpus=0)
+        else:
+            kwargs["num_cpus"] = cpus
+        ray.init(**kwargs)
+        self.started = True
+
+    def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:
+        if self.started:
+            import ray
+
+            ray.shutdown()
+            self.started = False
+
+
+class MlflowSweepHooks(SweepHooks):
+    """One MLflow parent run per sweep and a child run per job (``mlflow.parentRunId``).
+
+    The parent is opened at the first job with ``tracking.backend=mlflow`` (its tracking URI and
+    experiment); each job's own run (rlhf.track.Tracker) becomes its child. A job that failed
+    before its run existed (its spec did not build) still gets a child run, marked FAILED."""
+
+    def __init__(self) -> None:
+        self.client = None
+        self.parent_id: Optional[str] = None
+        self.experiment_id: Optional[str] = None
+        self.sweep_dir: Optional[str] = None
+        self.n_jobs = 0
+
+    def sweep_start(self, sweep_dir: Optional[str], jobs: Sequence[Job]) -> None:
+        self.sweep_dir, self.n_jobs = sweep_dir, len(jobs)
+
+    def _open(self, spec: Any) -> None:
+        from rlhf.track import Tracker
+
+        t = Tracker.experiment_only(spec, spec.output_dir)
+        self.client, self.experiment_id = t.client, t.experiment_id
+        name = f"sweep {Path(self.sweep_dir).name}" if self.sweep_dir else "sweep"
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={
+            "rlhf.sweep_dir": str(Path(self.sweep_dir).resolve()) if self.sweep_dir else "",
+            "rlhf.sweep_jobs": str(self.n_jobs)})
+        self.parent_id = run.info.run_id
+
+    def job_start(self, job: Job, spec: Any) -> None:
+        import os
+
+        if spec.mode != "run" or spec.tracking.backend != "mlflow":
+            return
+        if self.parent_id is None:
+            self._open(spec)
+        os.environ[PARENT_ENV] = self.parent_id
+        os.environ[JOB_ENV] = str(job.index)
+
+    def job_end(self, job: Job, result: JobResult) -> None:
+        import os
+
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(JOB_ENV, None)
+        if self.parent_id is None:
+            return
+        self.client.log_metric(self.parent_id, "sweep/job_ok", 1.0 if result.status == "ok" else 0.0, step=job.index)
+        if result.status == "ok" or self._child(job) is not None:
+            return
+        run = self.client.create_run(self.experiment_id, run_name=f"job {job.index}", tags={
+            "mlflow.parentRunId": self.parent_id, "rlhf.sweep_job": str(job.index),
+            "rlhf.overrides": " ".join(job.overrides)[:5000], "rlhf.error": (result.error or "")[:5000]})
+        self.client.set_terminated(run.info.run_id, status="FAILED")
+
+    def _child(self, job: Job):
+        runs = self.client.search_runs([self.experiment_id], filter_string=(
+            f"tags.`mlflow.parentRunId` = '{self.parent_id}' and tags.`rlhf.sweep_job` = '{job.index}'"))
+        return runs[0] if runs else None
+
+    def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:
+        if self.parent_id is None:
+            return
+        failed = sum(r.status != "ok" for r in results)
+        self.client.set_tag(self.parent_id, "rlhf.sweep_failed", str(failed))
+        self.client.log_metric(self.parent_id, "sweep/failed_jobs", float(failed))
+        self.client.set_terminated(self.parent_id, status="FINISHED")
+
+
 def default_hooks() -> list[SweepHooks]:
-    """The hooks every sweep gets (none yet: MLflow parent/child runs come here)."""
-    return []
+    """Every sweep: one Ray cluster for all jobs, an MLflow parent run with a child per job."""
+    return [RaySweepHooks(), MlflowSweepHooks()]
 
 
 # ----------------------------------------------------------------------------- jobs
