@@ -60,12 +60,12 @@ def run(spec: Any) -> int:
         from rlhf.track import Console, Tracker
 
         console = Console(spec.tracking.console, spec.train.steps if kind == "rl" else None)
-        tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(f"run dir: {run_dir}")
-        console.print(tracker.where())
-        # data, reward functions, model path and tokenizer: checked here, before Ray starts (also
-        # builds builtin:tiny once, before workers start)
+        # data, reward functions, model path and tokenizer: checked here, before the tracker and Ray
+        # start (also builds builtin:tiny once, before workers start)
         preflight(spec, console)
+        tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
+        console.print(tracker.where())
         from rlhf.launch import start_cluster
 
         cluster = start_cluster(spec)

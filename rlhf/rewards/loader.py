@@ -46,6 +46,26 @@ def load_function(ref: str) -> Callable:
     return fn
 
 
+def _submit_daemon(fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
+    """Run ``fn`` in a daemon thread: a reward function that hangs past reward.timeout_s is
+    abandoned and cannot keep the process from exiting (a ThreadPoolExecutor's threads are joined
+    at interpreter exit, so a hung call would block the run's exit forever)."""
+    import threading
+
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+
+    threading.Thread(target=target, name="reward", daemon=True).start()
+    return fut
+
+
 @dataclass
 class RewardFunction:
     name: str
@@ -85,7 +105,7 @@ class Rewards:
         params = inspect.signature(rf.fn).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
-        fut = self._pool.submit(rf.fn, list(prompts), list(responses), **kwargs)
+        fut = _submit_daemon(rf.fn, list(prompts), list(responses), **kwargs)
         try:
             out = fut.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:

@@ -31,6 +31,37 @@ def default_tracking_uri(run_dir: str) -> str:
     return f"sqlite:///{output_root(run_dir) / 'mlflow.db'}"
 
 
+SECRET_WORDS = ("token", "secret", "password", "passwd", "api_key", "apikey", "credential", "private_key",
+                "authorization", "auth_header")
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """A config key whose value must not be logged (``*token*``, ``*secret*``, ``*password*``,
+    ``*api_key*`` ...); ``max_prompt_tokens`` and the like are counts, not secrets."""
+    leaf = key.rsplit(".", 1)[-1].lower()
+    if not any(w in leaf for w in SECRET_WORDS):
+        return False
+    if "token" in leaf and not any(w in leaf for w in SECRET_WORDS if w != "token"):
+        return not (leaf.endswith("tokens") or "token_id" in leaf or leaf.startswith(("pad_", "eos_", "bos_"))
+                    or leaf.startswith(("max_", "min_", "num_", "n_")))
+    return True
+
+
+def redact_url(value: str) -> str:
+    """``scheme://user:pass@host`` -> ``scheme://user:***@host``; ``?token=...`` query values too."""
+    import re
+
+    value = re.sub(r"(://[^/:@\s]+):[^/@\s]+@", r"\1:" + REDACTED + "@", value)
+    return re.sub(r"((?:token|key|secret|password|sig|signature)=)[^&\s,\]']+", r"\1" + REDACTED, value,
+                  flags=re.IGNORECASE)
+
+
+def redact(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (REDACTED if is_secret_key(k) and v not in (None, "", "None") else
+                redact_url(v) if isinstance(v, str) else v) for k, v in params.items()}
+
+
 def _params(spec: Any) -> dict[str, str]:
     from rlhf.spec.build import config_dict, flatten, to_dict
 
@@ -38,7 +69,7 @@ def _params(spec: Any) -> dict[str, str]:
     params.update(flatten({"batch": to_dict(spec.batch)}, "derived."))
     params["derived.roles"] = ",".join(spec.roles)
     params["derived.rollout_engine"] = spec.rollout_engine
-    return {k: str(v)[:6000] for k, v in params.items()}
+    return redact({k: str(v)[:6000] for k, v in params.items()})
 
 
 class Tracker:
@@ -123,7 +154,7 @@ class Tracker:
     def where(self) -> str:
         if not self.enabled:
             return "tracking: off (tracking.backend=none)"
-        lines = [f"mlflow: run {self.run_id} in experiment {self.spec.tracking.experiment!r} at {self.uri}"]
+        lines = [f"mlflow: run {self.run_id} in experiment {self.spec.tracking.experiment!r} at {redact_url(self.uri)}"]
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
             lines.append(f"        view it: mlflow ui --backend-store-uri {self.uri}")
         return "\n".join(lines)
