@@ -1,0 +1,92 @@
+"""A 3-job sweep at toy size, in one Ray cluster: one MLflow parent run and three child runs; the
+job made to fail (a data file that does not exist) is a FAILED child and the sweep goes on; no
+actor or placement group is left in the cluster after each job and after the sweep."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rlhf.sweep import SweepHooks
+
+
+def _wait_clean(before) -> tuple[list, list]:
+    from tests.rl.conftest import leftovers
+
+    for _ in range(50):  # ray.kill is asynchronous: give the GCS a moment
+        actors, pgs = leftovers(*before)
+        if not actors and not pgs:
+            break
+        time.sleep(0.2)
+    return actors, pgs
+
+
+class LeakCheck(SweepHooks):
+    """Runs before the default hooks: sees the sweep's Ray cluster after every job and at the end."""
+
+    def __init__(self):
+        self.before = None
+        self.after_jobs: list = []
+        self.at_end = None
+
+    def job_start(self, job, spec):
+        import ray
+
+        from tests.rl.conftest import snapshot
+
+        if self.before is None and ray.is_initialized():
+            self.before = snapshot()
+
+    def job_end(self, job, result):
+        import ray
+
+        if self.before is not None and ray.is_initialized():
+            self.after_jobs.append(_wait_clean(self.before))
+
+    def sweep_end(self, sweep_dir, results):
+        import ray
+
+        if self.before is not None and ray.is_initialized():
+            self.at_end = _wait_clean(self.before)
+
+
+def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from rlhf.cli import parse_args
+    from rlhf.sweep import default_hooks, multirun_main
+
+    monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    missing = tmp_path / "missing.jsonl"
+    args = parse_args([
+        "-m", "algo=grpo", "train.steps=1", "train.prompts_per_step=4", "rollout.max_response_tokens=2",
+        "algo.group_size=2", "tracking.console=plain", f"tracking.uri={uri}", "tracking.experiment=sweep-test",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"data.train_files=[builtin:keymap/train],[{missing}],[builtin:keymap/eval]",
+    ])
+    check = LeakCheck()
+    code = multirun_main(args, hooks=[check, *default_hooks()])
+    assert code == 1  # one job failed, the others ran
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("sweep-test")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["rlhf.sweep_failed"] == "1"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 3
+    by_job = {r.data.tags["rlhf.sweep_job"]: r for r in children}
+    assert {k: r.info.status for k, r in by_job.items()} == {"0": "FINISHED", "1": "FAILED", "2": "FINISHED"}
+    assert client.get_metric_history(by_job["0"].info.run_id, "reward/mean")
+    # params are the flattened spec; artifacts the resolved spec, the overrides and the model path
+    assert by_job["2"].data.params["train.steps"] == "1"
+    arts = {a.path for a in client.list_artifacts(by_job["2"].info.run_id)}
+    assert {"spec.yaml", "config.yaml", "overrides.txt", "model_path.txt", "final_model_path.txt"} <= arts
+
+    assert check.after_jobs and all(a == ([], []) for a in check.after_jobs), check.after_jobs
+    assert check.at_end == ([], [])
+    assert (tmp_path / "sweep" / "0" / "final" / "hf" / "config.json").is_file()
