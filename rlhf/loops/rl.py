@@ -70,6 +70,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     need_old_logp = (B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
                      or spec.rollout_engine == "vllm")
     ckpt = ckpt_io.manager(spec, run_dir)
+    from rlhf.loops.rl_eval import make_evaluator
+
+    evaluator = make_evaluator(spec, cluster, tokenizer, rewards)  # eval.every > 0 and data.eval_files
     history: list[dict[str, float]] = []
     start = 0
     resumed = ckpt_io.latest(spec, run_dir)
@@ -143,6 +146,10 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value
+            if evaluator is not None and evaluator.due(step):
+                t_eval = time.perf_counter()
+                m.update(evaluator.run())
+                m["time/eval"] = time.perf_counter() - t_eval
             history.append(m)
             metrics_file.write(json.dumps({"step": step, **m}) + "\n")
             metrics_file.flush()

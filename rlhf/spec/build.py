@@ -63,6 +63,7 @@ class RunSpec(S.Frozen):
     tracking: S.TrackingSpec
     checkpoint: S.CheckpointSpec
     ray: S.RaySpec
+    eval: S.EvalSpec
     mode: str
     output_dir: Optional[str]
     resume: Optional[str]

@@ -267,6 +267,16 @@ class CheckpointSpec(Frozen):
 
 
 @dataclass
+class EvalSpec(Frozen):
+    """RL evaluation on data.eval_files (rlhf.loops.rl_eval): greedy and sampled, per data source."""
+
+    every: int = 0  # steps between evaluations (and after the last step); 0 = off
+    n_samples: int = 4  # sampled responses per prompt: pass@n_samples
+    pass_threshold: float = 1.0  # a response passes when its reward is >= this
+    max_prompts: Optional[int] = None  # the first N eval prompts; None = all
+
+
+@dataclass
 class RaySpec(Frozen):
     address: Optional[str] = None  # join an existing cluster ("auto" or host:port); None starts a local one
     num_cpus: Optional[int] = None
@@ -290,6 +300,7 @@ class RunConfig:
     train: TrainSpec = field(default_factory=TrainSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     ray: RaySpec = field(default_factory=RaySpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
     mode: str = "run"  # run | plan
     output_dir: Optional[str] = None  # the run directory; None: Hydra's hydra.run.dir
     resume: Optional[str] = None

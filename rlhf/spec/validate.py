@@ -235,6 +235,17 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append(f"checkpoint.keep_last={s['checkpoint'].keep_last} must be >= 1.")
     if s["checkpoint"].every < 0:
         p.append(f"checkpoint.every={s['checkpoint'].every} must be >= 0 (0 = only at the end).")
+    ev = s.get("eval")
+    if ev is not None:
+        if ev.every < 0:
+            p.append(f"eval.every={ev.every} must be >= 0 (0 = no evaluation).")
+        if ev.n_samples < 1:
+            p.append(f"eval.n_samples={ev.n_samples} must be >= 1.")
+        if ev.max_prompts is not None and ev.max_prompts < 1:
+            p.append(f"eval.max_prompts={ev.max_prompts} must be >= 1, or null for every eval prompt.")
+        if ev.every > 0 and algo.kind == "rl" and not s["data"].eval_files:
+            p.append(f"eval.every={ev.every} but data.eval_files is empty: give held-out prompts, "
+                     "e.g. data.eval_files=[builtin:keymap/eval], or set eval.every=0.")
     _choice(p, "mode", s["mode"], ("run", "plan"))
     return p
 
