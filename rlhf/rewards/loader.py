@@ -72,6 +72,7 @@ class RewardFunction:
     ref: str
     fn: Callable
     weight: float
+    timeout_s: Optional[float] = -1.0  # -1: reward.timeout_s; None: no limit (the callee bounds itself)
 
 
 class Rewards:
@@ -86,6 +87,15 @@ class Rewards:
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{base}_{seen[base]}"
             self.functions.append(RewardFunction(name, f.fn, load_function(f.fn), float(f.weight)))
+        remote = getattr(reward_spec, "remote", None)
+        if remote is not None:
+            from rlhf.rewards.remote import RemoteReward
+
+            client = RemoteReward(list(remote.urls), batch_size=remote.batch_size, concurrency=remote.concurrency,
+                                  timeout_s=remote.timeout_s, retries=remote.retries)
+            # no overall timeout: the client bounds each request (reward.remote.timeout_s, retries)
+            self.functions.append(RewardFunction(remote.name, "reward.remote", client, float(remote.weight),
+                                                 timeout_s=None))
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
 
     def score(self, prompts: list[str], responses: list[str], metadata: dict[str, list]) -> tuple[list[float], dict[str, list[float]]]:
@@ -107,7 +117,9 @@ class Rewards:
             kwargs = {k: v for k, v in kwargs.items() if k in params}
         fut = _submit_daemon(rf.fn, list(prompts), list(responses), **kwargs)
         try:
-            out = fut.result(timeout=self.timeout_s)
+            out = fut.result(timeout=self.timeout_s if rf.timeout_s == -1.0 else rf.timeout_s)
+        except UserError:
+            raise
         except concurrent.futures.TimeoutError:
             raise UserError(
                 f"reward function {rf.ref} took more than reward.timeout_s={self.timeout_s} s on {len(responses)} "

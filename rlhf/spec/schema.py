@@ -241,9 +241,23 @@ class RewardFnSpec(Frozen):
 
 
 @dataclass
+class RemoteRewardSpec(Frozen):
+    """An HTTP reward service (``rlhf-reward-server`` or anything speaking ``rlhf.rewards.remote``)."""
+
+    urls: list[str] = field(default_factory=list)  # http://host:port, requests spread round-robin
+    weight: float = 1.0
+    name: str = "remote"  # the part's name in metrics (reward/<name>/mean)
+    batch_size: int = 64  # samples per request
+    concurrency: int = 4  # requests in flight
+    timeout_s: float = 60.0  # per request
+    retries: int = 3  # extra attempts per request (next URL, exponential backoff)
+
+
+@dataclass
 class RewardSpec(Frozen):
     name: str = MISSING
     functions: list[RewardFnSpec] = field(default_factory=list)
+    remote: Optional[RemoteRewardSpec] = None  # a reward service, scored beside the functions
     model_path: Optional[str] = None  # a reward model checkpoint (scalar head)
     model_weight: float = 1.0
     timeout_s: float = 60.0
