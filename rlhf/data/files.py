@@ -104,6 +104,20 @@ def load_file(path: str) -> Records:
     if p.is_dir():
         rows = _load_saved_dataset(p, split)
     else:
+        rows = _load_by_name(p, spec)
+    if not rows:
+        raise UserError(f"data file {spec} is empty (no rows). Check the file, or remove it from data.train_files.")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise UserError(
+                f"data file {spec}, row {i}: expected an object with named fields, got {type(r).__name__} "
+                f"({_short(r)}). Write one JSON object per row, e.g. {{\"prompt\": ..., \"response\": ...}}."
+            )
+    return Records(rows=rows, source=spec)
+
+
+def _load_by_name(p: Path, spec: str) -> list[Any]:
+    try:
         name = p.name.lower()
         if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
             rows = _load_jsonl(p)
@@ -118,22 +132,29 @@ def load_file(path: str) -> Records:
                 f"data file {spec}: unknown format. Use one of {', '.join(EXTENSIONS)}, "
                 "or a directory written by datasets' save_to_disk."
             )
-    if not rows:
-        raise UserError(f"data file {spec} is empty (no rows). Check the file, or remove it from data.train_files.")
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise UserError(
-                f"data file {spec}, row {i}: expected an object with named fields, got {type(r).__name__} "
-                f"({_short(r)}). Write one JSON object per row, e.g. {{\"prompt\": ..., \"response\": ...}}."
-            )
-    return Records(rows=rows, source=spec)
+    except UnicodeDecodeError as e:
+        raise _not_utf8(p, e) from None
+    except (OSError, EOFError) as e:  # unreadable, or a truncated .gz
+        raise UserError(f"data file {spec}: cannot read it ({type(e).__name__}: {e}).".replace("\n", " ")) from None
+    return rows
+
+
+def _not_utf8(p: Path, e: UnicodeDecodeError, where: str = "") -> UserError:
+    return UserError(
+        f"data file {p}{where}: not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start}). "
+        "Save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+    )
 
 
 def _load_jsonl(p: Path) -> list[Any]:
     opener: Callable[..., Any] = gzip.open if p.name.lower().endswith(".gz") else open
     rows = []
-    with opener(p, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with opener(p, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(p, e, f", line {lineno}") from None
             if not line.strip():
                 continue
             try:

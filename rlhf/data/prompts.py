@@ -30,27 +30,18 @@ def resolve_file(name: str) -> str:
 
 
 def read_rows(name: str, prompt_key: Optional[str] = None) -> list[dict]:
-    """All rows of one data file, through ``datasets`` (offline)."""
-    path = resolve_file(name)
-    fmt = FORMATS.get(Path(path).suffix)
-    if fmt is None:
-        raise UserError(f"data file {name!r}: unknown format. Use .jsonl, .json, .parquet or .csv.")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    import datasets
+    """All rows of one data file (``rlhf.data.files.load_file``: jsonl/json/parquet/csv, saved data
+    sets, builtin:<task>/<split>), each problem one UserError naming the file, the row and the fix."""
+    from rlhf.data.files import load_file
 
-    datasets.disable_progress_bars()
-    try:
-        ds = datasets.load_dataset(fmt, data_files=path, split="train")
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"cannot read data file {name!r}: {type(e).__name__}: {e}".split("\n")[0]) from None
-    if prompt_key is not None and prompt_key not in ds.column_names:
+    rows = load_file(name).rows
+    if prompt_key is not None and not any(prompt_key in r for r in rows):
+        cols = sorted({k for r in rows[:100] for k in r})
         raise UserError(
-            f"data file {name!r} has no column {prompt_key!r} (columns: {', '.join(ds.column_names)}). "
+            f"data file {name!r} has no column {prompt_key!r} (columns: {', '.join(map(str, cols))}). "
             f"Set data.prompt_key to the prompt column."
         )
-    if len(ds) == 0:
-        raise UserError(f"data file {name!r} has no rows.")
-    return ds.to_list()
+    return rows
 
 
 class PromptSource:
