@@ -28,7 +28,8 @@ from rlhf.data import builtin as task
 from rlhf.paths import cache_dir
 
 KINDS = ("sft", "preference", "prompts")
-VERSION = 2  # of the generators below: part of the cache folder name, with the task's VERSION
+VERSION = 3  # of the generators below: part of the cache folder name, with the task's VERSION
+BUILTIN_SFT_NOISE = 0.35  # builtin:keymap-sft: imperfect demonstrations, so RL after SFT has room to improve
 BUILTIN_SIZES = {"sft": (512, 128), "preference": (1024, 128), "prompts": (1024, 128)}  # (train, eval) rows
 
 
@@ -57,9 +58,9 @@ def candidate(answer: list[str], rng: random.Random) -> str:
             words = words[: rng.randint(1, len(words) - 1)]
         else:
             words = words + [rng.choice(task.VALUES)]
-    elif r < 0.9:  # value words in random order
+    elif r < 0.92:  # value words in random order
         words = [rng.choice(task.VALUES) for _ in range(rng.randint(1, len(answer) + 1))]
-    elif r < 0.95:  # nothing (just the end of the response)
+    elif r < 0.94:  # nothing (just the end of the response)
         words = []
     else:  # anything from the vocabulary
         words = [rng.choice(task.WORDS) for _ in range(rng.randint(1, len(answer) + 1))]
@@ -76,6 +77,10 @@ def sft_rows(n: int, seed: int = 0, noise: float = 0.2) -> list[dict]:
     return rows
 
 
+LOW_PAIR_SCORE = 0.75  # a pair whose better response scores below this is "both bad"
+LOW_PAIR_KEEP = 0.25  # the share of "both bad" pairs kept
+
+
 def preference_rows(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(f"preference-{seed}")
     rows = []
@@ -86,6 +91,8 @@ def preference_rows(n: int, seed: int = 0) -> list[dict]:
         sa, sb = task.score(a, answer), task.score(b, answer)
         if sa == sb:
             continue
+        if max(sa, sb) < LOW_PAIR_SCORE and rng.random() >= LOW_PAIR_KEEP:
+            continue  # both bad: fewer of these, most pairs teach "right beats wrong"
         (c, sc), (r, sr) = sorted([(a, sa), (b, sb)], key=lambda x: -x[1])
         rows.append(
             {"prompt": prompt, "chosen": c, "rejected": r, "answer": answer, "chosen_score": sc, "rejected_score": sr}
@@ -146,5 +153,5 @@ def builtin_file(name: str) -> Path:
     with atomic_dir(folder) as tmp:
         if tmp is not None:
             n_train, n_eval = BUILTIN_SIZES[kind]
-            make(kind, tmp, n_train=n_train, n_eval=n_eval)
+            make(kind, tmp, n_train=n_train, n_eval=n_eval, noise=BUILTIN_SFT_NOISE if kind == "sft" else None)
     return folder / f"{split}.jsonl"
