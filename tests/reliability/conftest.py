@@ -1,0 +1,61 @@
+"""Shared pieces of the reliability tests: a real RunSpec built once (no Ray), specs that differ in
+a few keys, and the check that a message is one line naming the value and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from types import SimpleNamespace
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def rel_cache(tmp_path_factory):
+    """RLHF_CACHE for the session (builtin:tiny and the built-in data are built once, here)."""
+    old = os.environ.get("RLHF_CACHE")
+    path = os.environ["RLHF_CACHE"] = old or str(tmp_path_factory.mktemp("rlhf_cache"))
+    yield path
+    if old is None:
+        os.environ.pop("RLHF_CACHE", None)
+
+
+@pytest.fixture(scope="session")
+def base_spec(rel_cache, tmp_path_factory):
+    from rlhf.cli import build_spec, compose
+
+    out = tmp_path_factory.mktemp("base") / "run"
+    ov = [f"output_dir={out}", "tracking.backend=none", "tracking.console=none"]
+    return build_spec(compose(ov), ov, plan=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(base_spec):
+    from rlhf.models import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(base_spec.model.path, base_spec.model))
+
+
+def _ns(obj):
+    if dataclasses.is_dataclass(obj):
+        return SimpleNamespace(**{f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    return SimpleNamespace(**vars(obj))
+
+
+def variant(spec, **sections):
+    """A copy of ``spec`` (as namespaces) with some keys changed: ``variant(s, data={"prompt_key": "q"})``."""
+    top = _ns(spec)
+    for name, changes in sections.items():
+        sec = _ns(getattr(spec, name))
+        for k, v in changes.items():
+            setattr(sec, k, v)
+        setattr(top, name, sec)
+    return top
+
+
+def assert_clear(message: str, *parts: str) -> None:
+    """One line that contains every part (the value and the fix)."""
+    assert "\n" not in message.strip(), message
+    assert "Traceback" not in message, message
+    for p in parts:
+        assert p in message, (p, message)
