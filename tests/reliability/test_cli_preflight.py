@@ -1,0 +1,55 @@
+"""End to end through ``rlhf.cli.main``: a bad data file, reward function, model path or output dir
+ends the run with exit code 2 and one ``error:`` line, before Ray starts (no half-started
+cluster: Ray not initialised by the run, no actor or placement group left behind)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reliability.conftest import assert_clear
+
+
+def _ray_state():
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from tests.rl.conftest import snapshot
+
+    return snapshot()
+
+
+CASES = [
+    ("data", lambda d: [f"data.train_files=[{d}/missing.jsonl]"], ["data file", "missing.jsonl does not exist"]),
+    ("data_rows", lambda d: [f"data.train_files=[{d}/bad.jsonl]"], ["bad.jsonl, row 1: 'prompt' should be a string"]),
+    ("reward", lambda d: [f"reward.functions=[{{fn: '{d}/r.py:reward'}}]"],
+     ["reward function", "r.py:reward", "ModuleNotFoundError", "no_such_module_xyz"]),
+    ("model", lambda d: [f"model.path={d}/no_model"], ["model path", "no_model' does not exist", "builtin:tiny"]),
+    ("output", lambda d: [f"output_dir={d}/file/run"], ["output_dir=", "/file/run is not writable"]),
+]
+
+
+@pytest.mark.parametrize("name,args,parts", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_stops_before_ray(rel_cache, tmp_path, capsys, name, args, parts):
+    import ray
+
+    from rlhf import cli
+
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "key k1"}\n{"prompt": 3}\n')
+    (tmp_path / "r.py").write_text("import no_such_module_xyz\n")
+    (tmp_path / "file").write_text("x")
+    was_up = ray.is_initialized()
+    before = _ray_state()
+    argv = [f"output_dir={tmp_path}/run", "tracking.backend=none", "tracking.console=plain", "train.steps=1",
+            *args(tmp_path)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("warning:")]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert_clear(lines[0], *parts)
+    assert ray.is_initialized() == was_up  # the run did not start (or stop) Ray
+    if before is not None:
+        from tests.rl.conftest import leftovers
+
+        assert leftovers(*before) == ([], [])
