@@ -95,8 +95,12 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
                 spec, step, data, tokenizer, cluster, rewards, ph)
             batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
-                            tokenizer.pad_token_id, spec.rollout.max_response_tokens)
+                            tokenizer.pad_token_id, spec.rollout.max_response_tokens if spec.env.fn is None else None)
             mask = batch["response_mask"]
+            if spec.env.fn is not None:  # multi-turn: environment feedback tokens carry no loss
+                from rlhf.envs.rollout import env_loss_mask
+
+                batch["response_mask"] = mask = mask * env_loss_mask(samples, mask.shape[1])
             batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
             with ph("to_train"):  # hybrid GPU placement: vLLM sleeps, DeepSpeed's states come back
                 phase_stats = sync.after_generate()
@@ -239,8 +243,16 @@ def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
         prompt_ids = tokenize_prompts(spec, tokenizer, rows)
         with ph("generate"):
             samples = generate(spec, cluster, prompt_ids, step, offset=r * P)
+            if spec.env.fn is not None:  # multi-turn (rlhf.envs): the environment answers and scores
+                from rlhf.envs.rollout import env_rollout
+
+                samples, env_scores, env_parts, env_stats = env_rollout(spec, step, rows, prompt_ids, tokenizer,
+                                                                        cluster, samples)
         with ph("reward"):
-            scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids)
+            if spec.env.fn is not None:
+                scores, parts = env_scores, env_parts
+            else:
+                scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids)
         keep = torch.ones(len(samples), dtype=torch.bool)
         if spec.algo.dynamic_sampling:
             keep, _ = algos.dynamic_sampling_filter(scores, G)
@@ -265,6 +277,8 @@ def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
     if spec.algo.dynamic_sampling:
         stats = {"data/kept_groups": float(n_kept), "data/filled_groups": float(P - n_kept),
                  "data/sampling_rounds": float(r + 1)}
+    if spec.env.fn is not None:
+        stats.update(env_stats)
     return rows, prompt_ids, samples, scores, parts, stats
 
 

@@ -64,6 +64,7 @@ class RunSpec(S.Frozen):
     checkpoint: S.CheckpointSpec
     ray: S.RaySpec
     eval: S.EvalSpec
+    env: S.EnvSpec
     mode: str
     output_dir: Optional[str]
     resume: Optional[str]

@@ -291,6 +291,14 @@ class EvalSpec(Frozen):
 
 
 @dataclass
+class EnvSpec(Frozen):
+    """A multi-turn environment (rlhf.envs): the model and the environment take turns."""
+
+    fn: Optional[str] = None  # module:Class (reset(row), step(response) -> feedback, reward, done); None = single turn
+    max_turns: int = 1  # model turns per episode (at most)
+
+
+@dataclass
 class RaySpec(Frozen):
     address: Optional[str] = None  # join an existing cluster ("auto" or host:port); None starts a local one
     num_cpus: Optional[int] = None
@@ -315,6 +323,7 @@ class RunConfig:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     ray: RaySpec = field(default_factory=RaySpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
+    env: EnvSpec = field(default_factory=EnvSpec)
     mode: str = "run"  # run | plan
     output_dir: Optional[str] = None  # the run directory; None: Hydra's hydra.run.dir
     resume: Optional[str] = None

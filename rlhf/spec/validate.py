@@ -200,7 +200,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             "give one weight per file."
         )
     rw = s["reward"]
-    if algo.kind == "rl" and not rw.functions and not rw.model_path and rw.remote is None:
+    has_env = s.get("env") is not None and s["env"].fn is not None
+    if algo.kind == "rl" and not rw.functions and not rw.model_path and rw.remote is None and not has_env:
         p.append("this RL run has no reward: set reward.functions (module:function), reward.model_path "
                  "or reward.remote.urls.")
     if rw.remote is not None:
@@ -246,6 +247,18 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         if ev.every > 0 and algo.kind == "rl" and not s["data"].eval_files:
             p.append(f"eval.every={ev.every} but data.eval_files is empty: give held-out prompts, "
                      "e.g. data.eval_files=[builtin:keymap/eval], or set eval.every=0.")
+    en = s.get("env")
+    if en is not None:
+        if en.fn is not None and ":" not in en.fn:
+            p.append(f"env.fn={en.fn!r} must name a class as module:Class or path/to/file.py:Class.")
+        if en.max_turns < 1:
+            p.append(f"env.max_turns={en.max_turns} must be >= 1.")
+        if en.fn is not None and algo.kind != "rl":
+            p.append(f"env.fn is for RL runs; algo.kind is {algo.kind!r}: remove env.fn.")
+        if en.fn is not None and algo.kind == "rl" and algo.dynamic_sampling:
+            p.append("env.fn with algo.dynamic_sampling=true is not supported: set algo.dynamic_sampling=false.")
+        if en.fn is not None and ev is not None and ev.every > 0:
+            p.append("env.fn with eval.every > 0 is not supported (evaluation is single-turn): set eval.every=0.")
     _choice(p, "mode", s["mode"], ("run", "plan"))
     return p
 
