@@ -96,7 +96,11 @@ class RaySweepHooks(SweepHooks):
             kwargs.update(num_cpus=max(cpus, 64), num_gpus=0)
         else:
             kwargs["num_cpus"] = cpus
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception:  # noqa: BLE001 - a raylet slow to register on a loaded machine: once more
+            ray.shutdown()
+            ray.init(**kwargs)
         self.started = True
 
     def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:

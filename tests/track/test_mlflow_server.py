@@ -33,7 +33,7 @@ def mlflow_server(tmp_path):
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300  # ~10 s normally; minutes on a loaded machine
         while True:
             try:
                 with urllib.request.urlopen(url + "/health", timeout=2) as r:
