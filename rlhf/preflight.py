@@ -155,6 +155,11 @@ def check_rewards(spec: Any) -> None:
 
     for f in spec.reward.functions:
         load_function(f.fn)
+    env = getattr(spec, "env", None)
+    if env is not None and getattr(env, "fn", None):  # a multi-turn environment class: same loader
+        from rlhf.envs import load_env
+
+        load_env(env.fn)
 
 
 def preflight(spec: Any, console: Any = None) -> None:

@@ -292,6 +292,17 @@ def test_reward_function_that_does_not_load(base_spec, reward_dir, ref, parts):
     assert_clear(str(e.value), f"reward function {ref!r}", *[p.format(d=reward_dir) for p in parts])
 
 
+def test_environment_class_that_does_not_load(base_spec, reward_dir):
+    """env.fn (multi-turn environments) goes through the same loader, before Ray starts."""
+    from rlhf.preflight import check_rewards
+
+    ref = f"{reward_dir}/importfail.py:Env"
+    spec = variant(base_spec, reward={"functions": ()}, env={"fn": ref})
+    with pytest.raises(UserError) as e:
+        check_rewards(spec)
+    assert_clear(str(e.value), f"{ref!r}", "ModuleNotFoundError", "definitely_not_a_module_xyz")
+
+
 def _rewards(tmp_path, body: str, timeout_s: float = 60.0):
     from rlhf.rewards import Rewards
 
