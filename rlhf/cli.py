@@ -94,6 +94,8 @@ usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NA
   -cp DIR -cn NAME
                  take the primary config from DIR/NAME.yaml; a run dir reruns its saved config:
                  rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
+  resume=DIR     continue the run in DIR from its newest checkpoint (its config.yaml + any
+                 overrides); a run whose output_dir already holds a checkpoint continues by itself
   -h, --help     this text
   HYDRA_FULL_ERROR=1  show tracebacks instead of one-line errors
 
