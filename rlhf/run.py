@@ -34,6 +34,7 @@ def write_run_dir(spec: Any) -> Path:
         yaml.safe_dump(full, f, sort_keys=False)
     cfg = config_dict(spec)
     cfg["output_dir"] = None  # a rerun gets its own run dir
+    cfg["resume"] = None  # ... and starts fresh (resume=<this dir> continues this one)
     cfg["mode"] = "run"
     with open(run_dir / "config.yaml", "w") as f:
         f.write("# The resolved config of this run. Rerun it: rlhf-run -cp <this dir> -cn config\n")
