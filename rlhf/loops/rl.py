@@ -68,7 +68,12 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     kl_in_reward = use_ref and algo.kl.placement == "reward"
     # with vLLM sampling, the trainer's own log-probs anchor the ratio (and measure the mismatch)
     need_old_logp = (B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
-                     or spec.rollout_engine == "vllm")
+                     or spec.rollout_engine == "vllm" or algo.async_steps > 0)
+    prefetch = None
+    if algo.async_steps > 0:  # rollouts of the next steps overlap the update (rlhf.loops.async_rl)
+        from rlhf.loops.async_rl import Prefetcher
+
+        prefetch = Prefetcher(spec, cluster, data, tokenizer)
     ckpt = ckpt_io.manager(spec, run_dir)
     from rlhf.loops.rl_eval import make_evaluator
 
@@ -93,7 +98,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
 
             # ---- generate + reward (dynamic sampling keeps only groups that teach something)
             rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                spec, step, data, tokenizer, cluster, rewards, ph)
+                spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
             batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
                             tokenizer.pad_token_id, spec.rollout.max_response_tokens if spec.env.fn is None else None)
             mask = batch["response_mask"]
@@ -128,8 +133,12 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                 refs = scatter_update(cluster.actor, batch, plans, spec)
                 if cluster.critic is not None:
                     refs_c = scatter_update(cluster.critic, batch, plans, spec)
+                if prefetch is not None:  # async: the engines sample the next steps during this update
+                    prefetch.launch_ahead(step)
                 actor_stats = combine(_get(refs))
                 critic_stats = combine(_get(refs_c)) if cluster.critic is not None else {}
+                if prefetch is not None:
+                    prefetch.update_done()
             if kl_in_reward:
                 kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
             with ph("sync"):
@@ -165,6 +174,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     finally:
         metrics_file.close()
         rewards.close()
+        if prefetch is not None:
+            prefetch.close()
     return summarize(history)
 
 
@@ -227,7 +238,7 @@ def score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids) 
     return scores, parts
 
 
-def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
+def sample_step(spec, step, data, tokenizer, cluster, rewards, ph, prefetch=None):
     """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups.
 
     With ``algo.dynamic_sampling`` (DAPO) groups whose scores are all equal are dropped and more
@@ -239,10 +250,16 @@ def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
     dropped: list = []
     rounds = 4 if spec.algo.dynamic_sampling else 1
     for r in range(rounds):
-        rows = data.next(P)
-        prompt_ids = tokenize_prompts(spec, tokenizer, rows)
         with ph("generate"):
-            samples = generate(spec, cluster, prompt_ids, step, offset=r * P)
+            ahead = prefetch.take(step) if prefetch is not None else None  # async: sampled during the last update
+        if ahead is not None:
+            rows, prompt_ids, samples = ahead
+        else:
+            rows = data.next(P)
+            prompt_ids = tokenize_prompts(spec, tokenizer, rows)
+        with ph("generate"):
+            if ahead is None:
+                samples = generate(spec, cluster, prompt_ids, step, offset=r * P)
             if spec.env.fn is not None:  # multi-turn (rlhf.envs): the environment answers and scores
                 from rlhf.envs.rollout import env_rollout
 
@@ -279,6 +296,8 @@ def sample_step(spec, step, data, tokenizer, cluster, rewards, ph):
                  "data/sampling_rounds": float(r + 1)}
     if spec.env.fn is not None:
         stats.update(env_stats)
+    if prefetch is not None:
+        stats.update(prefetch.last)
     return rows, prompt_ids, samples, scores, parts, stats
 
 

@@ -66,6 +66,7 @@ class RLAlgo(Frozen):
     ratio_level: str = "token"  # token | sequence (GSPO)
     loss_agg: str = "token_mean"
     tis_cap: Optional[float] = None  # truncated importance sampling of rollout vs trainer logprobs
+    async_steps: int = 0  # rollouts of the next k steps overlap the update (staleness <= k); 0 = off
     entropy_coef: float = 0.0
     kl: KLSpec = field(default_factory=KLSpec)
     critic: Optional[CriticSpec] = None

@@ -60,6 +60,19 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             p.append(f"algo.clip_low={algo.clip_low}, algo.clip_high={algo.clip_high}: clip ranges must be > 0.")
         if algo.dual_clip is not None and algo.dual_clip <= 1:
             p.append(f"algo.dual_clip={algo.dual_clip} must be > 1 (3.0 is usual), or null to turn it off.")
+        if algo.async_steps < 0:
+            p.append(f"algo.async_steps={algo.async_steps} must be >= 0 (0 = synchronous).")
+        if algo.async_steps > 0:
+            if algo.tis_cap is None:
+                p.append(f"algo.async_steps={algo.async_steps} samples with a stale policy: set algo.tis_cap "
+                         "(2.0 is usual) for the importance-sampling correction.")
+            if algo.dynamic_sampling:
+                p.append("algo.async_steps > 0 with algo.dynamic_sampling=true is not supported: turn one off.")
+            if s["hardware"].accelerator == "cuda" and s["placement"].mode == "hybrid":
+                p.append("algo.async_steps > 0 needs rollout engines beside the trainers: use placement=disaggregated "
+                         "(hybrid GPUs sleep vLLM while training).")
+            if s.get("env") is not None and s["env"].fn is not None:
+                p.append("algo.async_steps > 0 with env.fn is not supported: set algo.async_steps=0.")
         if algo.tis_cap is not None and algo.tis_cap <= 0:
             p.append(f"algo.tis_cap={algo.tis_cap} must be > 0 (2.0 is usual), or null to turn it off.")
         if algo.kl.coef < 0:

@@ -81,6 +81,12 @@ BAD = [
     (["model.name=???"], ["model.name is required but not set", "model.name=VALUE"]),
     (["train.offload_optimizer=true", "train.zero_stage=0"],
      ["train.offload_optimizer=true needs ZeRO", "train.zero_stage=2 or 3"]),
+    # reward services, environments, async rollouts
+    (["reward=remote", "reward.remote.urls=[]"], ["reward.remote.urls is empty", "rlhf-reward-server"]),
+    (["reward=remote", "reward.remote.urls=[localhost:8000]", "reward.remote.concurrency=0"],
+     ["reward.remote.urls[0]='localhost:8000' must start with http://", "reward.remote.concurrency=0 must be >= 1"]),
+    (["env.fn=rlhf.envs.keymap.KeymapChain"], ["env.fn='rlhf.envs.keymap.KeymapChain' must name a class as module:Class"]),
+    (["algo.async_steps=1"], ["algo.async_steps=1 samples with a stale policy", "algo.tis_cap"]),
 ]
 
 

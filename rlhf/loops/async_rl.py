@@ -1,0 +1,110 @@
+"""Async rollouts for the RL loop (``algo.async_steps=k``, 0 = off).
+
+While the trainers update on step t's batch, the rollout engines already sample the batches of
+steps t+1 … t+k with the weights they hold (the policy before update t): generation overlaps the
+update, and a batch is at most k policy updates stale. The rollout engines run their calls in
+order, so the weight sync after update t lands after those generations, and later ones use the new
+weights. The prompts, seeds and data order are the same as without async (the data source is read
+ahead in step order), so only the sampling policy differs.
+
+Off-policy correction: the trainer recomputes ``old_logp`` with its current policy and the loss
+weights each token by ``min(exp(old_logp - rollout_logp), algo.tis_cap)`` (truncated importance
+sampling, ``rlhf.algos.policy_loss``). Metrics: ``async/staleness`` (updates between the sampling
+and the training policy), ``async/generate_s`` (wall time of the prefetched generation) and
+``async/overlap_s`` (the part of it hidden behind the update).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+from rlhf.workers.rollout import Sample
+
+
+class _Pending:
+    def __init__(self, step: int, launched_after: int, rows, prompt_ids, refs, starts):
+        self.step, self.launched_after = step, launched_after
+        self.rows, self.prompt_ids, self.refs, self.starts = rows, prompt_ids, refs, starts
+        self.t_launch = time.perf_counter()
+        self.t_done: Optional[float] = None
+        self.t_update_end: Optional[float] = None  # the end of the first update it overlapped
+        self.result: Optional[list] = None
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:
+        import ray
+
+        try:
+            self.result = ray.get(self.refs)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the loop's thread)
+            self.error = e
+        self.t_done = time.perf_counter()
+
+
+class Prefetcher:
+    def __init__(self, spec: Any, cluster: Any, data: Any, tokenizer):
+        self.spec, self.cluster, self.data, self.tokenizer = spec, cluster, data, tokenizer
+        self.k = spec.algo.async_steps
+        self.queue: deque[_Pending] = deque()
+        self.next_step: Optional[int] = None
+        self.last: dict[str, float] = {}
+
+    def launch_ahead(self, step: int) -> None:
+        """During step ``step``'s update (``step`` updates done before it): launch steps up to step+k."""
+        from rlhf.loops.rl import sampling_for, tokenize_prompts
+
+        if self.next_step is None:
+            self.next_step = step + 1
+        while self.next_step <= min(step + self.k, self.spec.train.steps - 1):
+            s = self.next_step
+            P = self.spec.batch.prompts_per_step
+            rows = self.data.next(P)
+            prompt_ids = tokenize_prompts(self.spec, self.tokenizer, rows)
+            workers = self.cluster.rollout.workers
+            per = math.ceil(P / len(workers))
+            refs, starts = [], []
+            for e, w in enumerate(workers):
+                lo, hi = e * per, min(P, (e + 1) * per)
+                if lo < hi:
+                    refs.append(w.generate.remote(prompt_ids[lo:hi], sampling_for(self.spec, s, lo, hi - lo)))
+                    starts.append(lo)
+            self.queue.append(_Pending(s, step, rows, prompt_ids, refs, starts))
+            self.next_step += 1
+
+    def update_done(self) -> None:
+        """After an update: the generations in flight overlapped it up to now."""
+        now = time.perf_counter()
+        for p in self.queue:
+            if p.t_update_end is None:
+                p.t_update_end = now
+
+    def take(self, step: int):
+        """(rows, prompt ids, samples) of ``step`` if it was prefetched, else None."""
+        if not self.queue or self.queue[0].step != step:
+            self.last = {"async/staleness": 0.0, "async/generate_s": 0.0, "async/overlap_s": 0.0}
+            return None
+        p = self.queue.popleft()
+        p.thread.join()
+        if p.error is not None:
+            raise p.error
+        samples: list[Sample] = []
+        for lo, part in zip(p.starts, p.result):
+            for smp in part:
+                smp.prompt_index += lo
+                samples.append(smp)
+        gen = p.t_done - p.t_launch
+        hidden_until = p.t_update_end if p.t_update_end is not None else p.t_launch
+        self.last = {"async/staleness": float(step - p.launched_after), "async/generate_s": gen,
+                     "async/overlap_s": max(0.0, min(p.t_done, hidden_until) - p.t_launch)}
+        return p.rows, p.prompt_ids, samples
+
+    def close(self) -> None:
+        for p in self.queue:
+            p.thread.join(timeout=60)
+        self.queue.clear()
