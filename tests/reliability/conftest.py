@@ -59,3 +59,6 @@ def assert_clear(message: str, *parts: str) -> None:
     assert "Traceback" not in message, message
     for p in parts:
         assert p in message, (p, message)
+
+
+from tests.rl.conftest import rl_env  # noqa: E402,F401  (one local Ray for the fault tests)

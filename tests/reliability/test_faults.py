@@ -1,0 +1,141 @@
+"""Faults during a run: a worker process killed mid-step, Ctrl-C on the driver.
+
+* kill: a reward function (which runs in the driver between generation and the update) SIGKILLs
+  the actor's or a rollout engine's Ray worker process at step 3. The driver names the role that
+  died, exits 1, leaves the step-2 checkpoint intact, and no actor or placement group of the run
+  is left; a rerun of the same run dir continues from that checkpoint (auto-resume).
+* Ctrl-C: ``rlhf-run`` in a subprocess gets SIGINT after its first step: exit 130, "interrupted",
+  and no process of its Ray (raylet, workers) is left (found by a marker in their environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.rl.conftest import leftovers, run_rl, snapshot
+
+TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
+       "rollout.max_response_tokens=1", "tracking.backend=none", "checkpoint.every=1", "checkpoint.save_hf=false"]
+
+KILLER = '''
+import os, signal
+from pathlib import Path
+
+import psutil
+
+from rlhf.rewards.builtin import keymap_reward
+
+ARM = Path({arm!r})
+CALLS = [0]
+
+
+def reward(prompts, responses, **meta):
+    CALLS[0] += 1
+    if ARM.exists() and CALLS[0] == 3:  # step 3, after generation, before the update
+        for p in psutil.Process(os.getpid()).children(recursive=True):
+            try:
+                if " ".join(p.cmdline()).startswith("ray::{cls}"):
+                    os.kill(p.pid, signal.SIGKILL)
+            except psutil.Error:
+                pass
+    return keymap_reward(prompts, responses, **meta)
+'''
+
+
+@pytest.mark.parametrize("role,cls,resume", [
+    ("actor", "PolicyWorker", False),
+    pytest.param("rollout", "RolloutWorker", False, marks=pytest.mark.slow),
+    pytest.param("actor", "PolicyWorker", True, marks=pytest.mark.slow),  # kill, then resume: two runs
+], ids=["actor", "rollout", "actor-then-resume"])
+def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, capsys, role, cls, resume):
+    arm = tmp_path / "arm"
+    arm.write_text("1")
+    killer = tmp_path / f"killer_{role}.py"
+    killer.write_text(KILLER.format(arm=str(arm), cls=cls))
+    out = tmp_path / "run"
+    args = TOY + ["train.steps=4", f"reward.functions=[{{fn: '{killer}:reward'}}]"]
+    before = snapshot()
+    code, rows = run_rl(args, out)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    line = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(line) == 1 and f"the {role} worker (rank 0) died during the run" in line[0], err
+    assert "Traceback" not in err
+    assert len(rows) == 2  # steps 1 and 2 finished
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_00000001", "step_00000002"] or ckpts == ["step_00000002"] or \
+        ckpts[-1] == "step_00000002", ckpts
+    last = out / "checkpoints" / "step_00000002"
+    assert (last / "COMPLETE").is_file() and (last / "driver.pt").is_file()
+    assert f"Last checkpoint: {last}" in line[0]
+    assert not list((out / "checkpoints").glob("*.tmp"))
+    assert leftovers(*before) == ([], [])
+    if not resume:
+        return
+    # the same run dir again (no kill): continues from step 2 and ends at step 4
+    arm.unlink()
+    code, rows = run_rl(args, out)
+    err = capsys.readouterr()
+    assert code == 0, err.err
+    assert "resumed from" in err.out and "step_00000002" in err.out
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert leftovers(*before) == ([], [])
+
+
+def _marked_pids(marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes():
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_and_leaves_no_ray_process(rl_env, tmp_path):
+    marker = f"RLHF_RELIABILITY_MARK={os.getpid()}_{time.time_ns()}"
+    env = dict(os.environ, RLHF_RELIABILITY_MARK=marker.split("=", 1)[1], RLHF_CACHE=str(rl_env),
+               PYTHONUNBUFFERED="1")
+    env.pop("RAY_ADDRESS", None)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlhf.cli", *TOY, "train.steps=200", f"output_dir={out}",
+           "tracking.console=plain", "ray.num_cpus=2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and metrics.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert marker.split("=", 1)[1] and _marked_pids(marker)  # its Ray processes are there
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted: cleaning up" in err
+    assert "Traceback" not in err, err[-3000:]
+    deadline = time.monotonic() + 30
+    while _marked_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _marked_pids(marker)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(len(steps))) and len(steps) < 200
