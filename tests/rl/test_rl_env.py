@@ -42,7 +42,7 @@ class _Cluster:
         self.rollout = type("G", (), {"workers": [W()]})()
 
 
-def test_feedback_tokens_are_masked(rl_env, tmp_path, monkeypatch):
+def test_feedback_tokens_are_masked(tmp_path, monkeypatch):  # no Ray: an in-process engine
     import ray
 
     from rlhf.data.batch import collate
