@@ -12,6 +12,10 @@ weights each token by ``min(exp(old_logp - rollout_logp), algo.tis_cap)`` (trunc
 sampling, ``rlhf.algos.policy_loss``). Metrics: ``async/staleness`` (updates between the sampling
 and the training policy), ``async/generate_s`` (wall time of the prefetched generation) and
 ``async/overlap_s`` (the part of it hidden behind the update).
+
+Limits: not with ``algo.dynamic_sampling``, ``env.fn`` or hybrid GPU placement (validation says so);
+a checkpoint taken at step t records the data source after the k read-ahead batches, so a resumed
+run skips those k batches (its samples are otherwise the same).
 """
 
 from __future__ import annotations
