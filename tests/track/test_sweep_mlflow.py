@@ -22,12 +22,12 @@ def _wait_clean(before) -> tuple[list, list]:
 
 
 class LeakCheck(SweepHooks):
-    """Runs before the default hooks: sees the sweep's Ray cluster after every job and at the end."""
+    """Runs after the Ray hook started the sweep's cluster: snapshots it before the first job and
+    checks it after every job (the last check is the cluster as the sweep leaves it)."""
 
     def __init__(self):
         self.before = None
         self.after_jobs: list = []
-        self.at_end = None
 
     def job_start(self, job, spec):
         import ray
@@ -43,18 +43,13 @@ class LeakCheck(SweepHooks):
         if self.before is not None and ray.is_initialized():
             self.after_jobs.append(_wait_clean(self.before))
 
-    def sweep_end(self, sweep_dir, results):
-        import ray
-
-        if self.before is not None and ray.is_initialized():
-            self.at_end = _wait_clean(self.before)
 
 
 def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from rlhf.cli import parse_args
-    from rlhf.sweep import default_hooks, multirun_main
+    from rlhf.sweep import MlflowSweepHooks, RaySweepHooks, multirun_main
 
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -67,7 +62,7 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
         f"data.train_files=[builtin:keymap/train],[{missing}],[builtin:keymap/eval]",
     ])
     check = LeakCheck()
-    code = multirun_main(args, hooks=[check, *default_hooks()])
+    code = multirun_main(args, hooks=[RaySweepHooks(), check, MlflowSweepHooks()])
     assert code == 1  # one job failed, the others ran
 
     client = MlflowClient(tracking_uri=uri)
@@ -87,6 +82,5 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
     arts = {a.path for a in client.list_artifacts(by_job["2"].info.run_id)}
     assert {"spec.yaml", "config.yaml", "overrides.txt", "model_path.txt", "final_model_path.txt"} <= arts
 
-    assert check.after_jobs and all(a == ([], []) for a in check.after_jobs), check.after_jobs
-    assert check.at_end == ([], [])
+    assert len(check.after_jobs) == 3 and all(a == ([], []) for a in check.after_jobs), check.after_jobs
     assert (tmp_path / "sweep" / "0" / "final" / "hf" / "config.json").is_file()
