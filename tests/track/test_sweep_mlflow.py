@@ -4,8 +4,9 @@ actor or placement group is left in the cluster after each job and after the swe
 
 from __future__ import annotations
 
-import os
 import time
+
+import pytest
 
 from rlhf.sweep import SweepHooks
 
@@ -45,6 +46,7 @@ class LeakCheck(SweepHooks):
 
 
 
+@pytest.mark.timeout(1500)  # two toy jobs start workers; minutes on a loaded 2-core machine
 def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -56,7 +58,7 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     missing = tmp_path / "missing.jsonl"
     args = parse_args([
-        "-m", "algo=grpo", "train.steps=1", "train.prompts_per_step=4", "rollout.max_response_tokens=2",
+        "-m", "algo=grpo", "algo.kl.coef=0", "train.steps=1", "train.prompts_per_step=4", "rollout.max_response_tokens=2",
         "algo.group_size=2", "tracking.console=plain", f"tracking.uri={uri}", "tracking.experiment=sweep-test",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         f"data.train_files=[builtin:keymap/train],[{missing}],[builtin:keymap/eval]",
