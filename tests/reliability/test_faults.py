@@ -103,7 +103,6 @@ def _marked_pids(marker: str) -> list[int]:
     return out
 
 
-@pytest.mark.slow
 def test_ctrl_c_exits_130_and_leaves_no_ray_process(rl_env, tmp_path):
     marker = f"RLHF_RELIABILITY_MARK={os.getpid()}_{time.time_ns()}"
     env = dict(os.environ, RLHF_RELIABILITY_MARK=marker.split("=", 1)[1], RLHF_CACHE=str(rl_env),
