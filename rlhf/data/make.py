@@ -28,7 +28,7 @@ from rlhf.data import builtin as task
 from rlhf.paths import cache_dir
 
 KINDS = ("sft", "preference", "prompts")
-VERSION = 3  # of the generators below: part of the cache folder name, with the task's VERSION
+VERSION = 4  # of the generators below: part of the cache folder name, with the task's VERSION
 BUILTIN_SFT_NOISE = 0.35  # builtin:keymap-sft: imperfect demonstrations, so RL after SFT has room to improve
 BUILTIN_SIZES = {"sft": (512, 128), "preference": (1024, 128), "prompts": (1024, 128)}  # (train, eval) rows
 
@@ -78,7 +78,7 @@ def sft_rows(n: int, seed: int = 0, noise: float = 0.2) -> list[dict]:
 
 
 LOW_PAIR_SCORE = 0.75  # a pair whose better response scores below this is "both bad"
-LOW_PAIR_KEEP = 0.25  # the share of "both bad" pairs kept
+LOW_PAIR_KEEP = 0.1  # the share of "both bad" pairs kept
 
 
 def preference_rows(n: int, seed: int = 0) -> list[dict]:

@@ -1,0 +1,112 @@
+"""The supervised objectives against plain recomputations, the RM's read position against the RL
+reward-model worker's, and the driver-side batch splitting."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhf.data import preference as P
+from rlhf.data import sft as S
+from rlhf.data.batch import collate as rl_collate
+from rlhf.loops import objectives as O
+from rlhf.loops import supervised as sup
+
+
+def _models(vocab):
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(cfg).eval()
+    cfg.num_labels = 1
+    rm = LlamaForSequenceClassification(cfg).eval()
+    return lm, rm
+
+
+def _pairs(tok):
+    rows = [{"prompt": f"key k{i}" + " k1" * (i % 3), "chosen": f"v{i}", "rejected": " ".join(["v1"] * (1 + i % 2))}
+            for i in range(6)]
+    data = SimpleNamespace(prompt_key="prompt", chosen_key="chosen", rejected_key="rejected", messages_key="messages",
+                           chat_template=False, truncation="right")
+    from rlhf.data.files import Records
+
+    pairs, _ = P.build_pairs(Records(rows=rows, source="mem"), tok, data, 32)
+    return pairs
+
+
+def test_rm_scores_are_read_where_the_rl_reward_worker_reads_them(keymap_tok):
+    _, rm = _models(len(keymap_tok))
+    pairs = _pairs(keymap_tok)
+    mb = P.collate_pairs(pairs, keymap_tok.pad_token_id)
+    with torch.no_grad():
+        ours = O.sequence_scores(rm, mb)
+        # the RL path: prompt left-padded, response right-padded, HF's pooling at the last real token
+        prompts = [p.prompt for p in pairs for _ in range(2)]
+        responses = [r for p in pairs for r in (p.chosen, p.rejected)]
+        b = rl_collate(prompts, responses, keymap_tok.pad_token_id, 4)
+        theirs = rm(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits[:, 0]
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    packed = P.collate_pairs(pairs, keymap_tok.pad_token_id, pack=True, max_length=32)
+    with torch.no_grad():
+        assert torch.allclose(O.sequence_scores(rm, packed), ours, atol=1e-5)
+
+
+def test_dpo_and_rm_objectives_match_the_algos(keymap_tok):
+    from rlhf.algos.preference import bradley_terry_loss, dpo_loss
+
+    lm, rm = _models(len(keymap_tok))
+    pairs = _pairs(keymap_tok)
+    mb = P.collate_pairs(pairs, keymap_tok.pad_token_id)
+    n = len(pairs)
+    mb["loss_scale"] = torch.tensor(1.0 / n)
+    ref = torch.randn(2 * n)
+    mb["ref_logp"] = ref
+    with torch.no_grad():
+        logp = O.SequenceLogps()(lm, mb)
+        loss, st = O.DPOObjective(beta=0.2, loss_type="ipo")(lm, mb)
+    want, m = dpo_loss(logp[0::2], logp[1::2], ref[0::2], ref[1::2], beta=0.2, loss_type="ipo")
+    assert float(loss) == pytest.approx(float(want.mean()), rel=1e-5)
+    assert st["correct"] == pytest.approx(float(m["accuracy"].sum()))
+    # summed response log-probs by hand, for pair 0's chosen
+    ids = pairs[0].prompt + pairs[0].chosen
+    with torch.no_grad():
+        lp = torch.log_softmax(lm(torch.tensor([ids])).logits[0, :-1], -1)
+    by_hand = sum(float(lp[t - 1, ids[t]]) for t in range(len(pairs[0].prompt), len(ids)))
+    assert float(logp[0]) == pytest.approx(by_hand, abs=1e-4)
+    with torch.no_grad():
+        loss, st = O.RMObjective(margin=0.5)(rm, mb)
+        s = O.sequence_scores(rm, mb)
+    want, acc = bradley_terry_loss(s[0::2], s[1::2], torch.full((n,), 0.5))
+    assert float(loss) == pytest.approx(float(want.mean()), rel=1e-5)
+
+
+def test_sft_objective_is_a_token_mean(keymap_tok):
+    lm, _ = _models(len(keymap_tok))
+    rows = [S.Row() for _ in range(3)]
+    for k, r in enumerate(rows):
+        ids = keymap_tok(f"key k{k}")["input_ids"] + [10 + k, keymap_tok.eos_token_id]
+        r.add(ids, [0] * (len(ids) - 2) + [1, 1], 0)
+    mb = S.collate(rows, keymap_tok.pad_token_id)
+    tokens = sum(sum(r.loss_mask) for r in rows)
+    mb["loss_scale"] = torch.tensor(1.0 / tokens)
+    with torch.no_grad():
+        loss, st = O.SFTObjective()(lm, mb)
+        per_row = O.SFTRowNLL()(lm, mb)
+    assert st["tokens"] == tokens == float(per_row[:, 1].sum())
+    assert float(loss) == pytest.approx(float(per_row[:, 0].sum()) / tokens, rel=1e-5)
+
+
+def test_step_and_eval_shards():
+    spec = SimpleNamespace(batch=SimpleNamespace(train_world_size=2, micro_batch_size=3, grad_accum=2, mini_batch_size=12))
+    shards = sup.step_shards(list(range(12)), spec)
+    assert shards == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
+    ev = sup.eval_shards(7, world=2, micro=3)
+    assert [len(r) for r in ev] == [2, 2]  # same number of micro-batches on every rank (ZeRO-3)
+    flat = [u for r in ev for mb in r for u in mb]
+    assert flat[:7] == list(range(7)) and set(flat[7:]) == {6}
+    pieces = [(mb, torch.tensor([float(u) for u in mb])) for r in ev for mb in r]
+    assert sup.per_unit(pieces, 7).tolist() == [float(i) for i in range(7)]
