@@ -241,13 +241,15 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         self.engine.train()
         module = self.engine.module
         sums: dict[str, float] = {}
+        gn = None
         for mb in micro_batches:
             loss, stats = objective(module, _to(mb, self.torch_device()))
             self.engine.backward(loss, scale_wrt_gas=False)
+            if self.engine.is_gradient_accumulation_boundary():
+                gn = self._grad_norm()
             self.engine.step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        gn = self.engine.get_global_grad_norm()
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
         return sums
