@@ -96,7 +96,7 @@ def main() -> int:
     summary: dict = {"command": " ".join(sys.argv), "exit_code": code, "steps": args.steps,
                      "wall_s": round(wall, 1), "samples": len(samples)}
     if warm:
-        a, b = warm[0], warm[-1]
+        a, b = warm[0], ([s for s in warm if s["workers"]] or warm)[-1]  # the last sample before shutdown
         summary["from_step"], summary["to_step"] = a["steps"], b["steps"]
         procs = {"driver": (a["driver"], b["driver"])}
         for pid, (title, r) in b["workers"].items():
