@@ -20,7 +20,7 @@ def worker_env(spec: Any) -> dict[str, str]:
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "DS_ACCELERATOR": "cpu" if spec.device == "cpu" else "cuda",
     }
-    for key in ("RLHF_CACHE", "HF_HOME"):
+    for key in ("RLHF_CACHE", "HF_HOME", "RLHF_CPU_THREADS"):
         if key in os.environ:
             env[key] = os.environ[key]
     if spec.device == "cpu":

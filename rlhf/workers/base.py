@@ -36,10 +36,27 @@ def skip_deepspeed_shm_build() -> None:
     deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
+def skip_unused_imports() -> None:
+    """Worker processes use neither MLflow nor scikit-learn, but importing DeepSpeed imports MLflow
+    when it is installed (its autotuner, ~4 s of CPU) and transformers imports scikit-learn for
+    assisted generation (~5 s). Hide both before either library loads: every actor starts faster."""
+    import sys
+
+    if "mlflow" not in sys.modules:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    try:
+        import transformers.utils as tu
+
+        tu.is_sklearn_available = lambda: False
+    except ImportError:  # pragma: no cover
+        pass
+
+
 class Worker:
     """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
 
     def __init__(self, spec: Any, role: str, rank: int, world_size: int):
+        skip_unused_imports()
         self.spec = spec
         self.role = role
         self.rank = rank
@@ -48,7 +65,11 @@ class Worker:
         import torch
 
         if self.device == "cpu":
-            threads = max(1, (os.cpu_count() or 1) // max(world_size, 1))
+            # the launcher's worker_env sets OMP_NUM_THREADS=1: on a CPU node the roles of a hybrid
+            # placement share the cores, and tiny matmuls on 2+ threads each are ~10x slower than
+            # on one (spin-waiting); set RLHF_CPU_THREADS to give each worker more
+            threads = int(os.environ.get("RLHF_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
+                          or max(1, (os.cpu_count() or 1) // max(world_size, 1)))
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.manual_seed(spec.train.seed)

@@ -66,7 +66,7 @@ def test_sft_then_reward_model_then_ppo(ray_session, pipeline_dir):
     rm = _final(pipeline_dir / "rm")
     assert rm["eval/accuracy_after"] >= 0.9, rm
     cfg = json.loads((pipeline_dir / "rm" / "final" / "hf" / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForSequenceClassification"] and cfg["num_labels"] == 1
+    assert cfg["architectures"] == ["LlamaForSequenceClassification"] and len(cfg["id2label"]) == 1
 
     _run("recipe=pipeline_ppo")
     steps = _steps(pipeline_dir / "ppo")
