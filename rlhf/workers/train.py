@@ -400,11 +400,21 @@ class RewardModelWorker(ReferenceWorker):
 
     @torch.no_grad()
     def scores(self, batch: Batch) -> torch.Tensor:
-        out = []
-        for mb in self.micro_batches(batch):
-            logits = _forward(self.module, mb).logits  # [B, T, 1] or [B, 1]
-            if logits.dim() == 3:
-                last = mb["attention_mask"].shape[1] - 1 - mb["attention_mask"].flip(-1).argmax(-1)
-                logits = logits[torch.arange(logits.shape[0]), last]
-            out.append(logits[:, 0].float().cpu())
-        return torch.cat(out)
+        module = getattr(self.module, "module", self.module)  # a ZeRO-3 engine wraps it
+        return torch.cat([last_token_scores(module, mb).cpu() for mb in self.micro_batches(batch)])
+
+
+def last_token_scores(model, mb: Batch) -> torch.Tensor:
+    """A sequence classifier's score at each row's last real token (by ``attention_mask``), ``[B]``.
+
+    The backbone and the ``score``/``classifier`` head run separately instead of the model's own
+    pooling, which finds the last token by ``pad_token_id`` and so skips a final EOS whenever the
+    tokenizer pads with EOS. The reward-model loop (rlhf.loops.rm) trains on the same position."""
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no score/classifier head")
+    hidden = _forward(model.base_model, mb).last_hidden_state
+    values = head(hidden).squeeze(-1).float()  # [B, T]
+    attn = mb["attention_mask"]
+    last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)
+    return values[torch.arange(values.shape[0], device=values.device), last]

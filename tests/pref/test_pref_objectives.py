@@ -110,3 +110,20 @@ def test_step_and_eval_shards():
     assert flat[:7] == list(range(7)) and set(flat[7:]) == {6}
     pieces = [(mb, torch.tensor([float(u) for u in mb])) for r in ev for mb in r]
     assert sup.per_unit(pieces, 7).tolist() == [float(i) for i in range(7)]
+
+
+def test_rl_reward_worker_reads_the_trained_position_also_when_eos_pads(keymap_tok):
+    """Tokenizers without a pad token pad with EOS (rlhf.models.load_tokenizer): HF's own pooling
+    would then score the token before the final EOS; the worker and the RM loop both read the EOS."""
+    from rlhf.workers.train import last_token_scores
+
+    _, rm = _models(len(keymap_tok))
+    eos = keymap_tok.eos_token_id
+    rm.config.pad_token_id = eos
+    pairs = _pairs(keymap_tok)
+    mb = P.collate_pairs(pairs, eos)
+    prompts = [p.prompt for p in pairs for _ in range(2)]
+    responses = [r for p in pairs for r in (p.chosen, p.rejected)]
+    b = rl_collate(prompts, responses, eos, 4)
+    with torch.no_grad():
+        assert torch.allclose(last_token_scores(rm, b), O.sequence_scores(rm, mb), atol=1e-5)
