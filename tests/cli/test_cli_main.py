@@ -85,18 +85,17 @@ def test_plan_warns_about_idle_gpus(capsys):
     assert "! 4 devices run no rollout engine" in out
 
 
-def test_plan_imports_no_torch_ray_or_deepspeed_and_is_quick():
+def test_plan_imports_no_torch_ray_or_deepspeed():
     code = (
-        "import sys, time; t = time.process_time(); from rlhf.cli import main; "
+        "import sys; from rlhf.cli import main; "
         "rc = main(['algo=grpo', 'model=llama3-8b', 'hardware=8xh100', '--plan']); "
-        "print({'rc': rc, 's': time.process_time() - t, "
+        "print({'rc': rc, "
         "'heavy': [m for m in ('torch', 'ray', 'deepspeed', 'vllm', 'transformers') if m in sys.modules]})"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout
     result = eval(out.strip().splitlines()[-1])
     assert result["rc"] == 0 and result["heavy"] == []
-    assert result["s"] < 10  # CPU seconds (a loaded machine stretches the wall clock): about one
 
 
 # ----------------------------------------------------------------------------- recipes
