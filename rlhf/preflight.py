@@ -162,8 +162,11 @@ def check_rewards(spec: Any) -> None:
         load_env(env.fn)
 
 
-def preflight(spec: Any, console: Any = None) -> None:
-    """Everything that can be checked in the driver before the cluster starts (UserError)."""
+def preflight(spec: Any, console: Any = None) -> Any:
+    """Everything that can be checked in the driver before the cluster starts (UserError).
+
+    For sft/rm/dpo that is reading and tokenising the data sets: the result (``prepare`` of the
+    kind's loop) is returned for ``rlhf.run.run`` to hand to the loop; None for RL."""
     check_output_dir(spec.output_dir or "outputs/run")
     if spec.algo.kind == "rl":
         from rlhf.data.prompts import read_rows
@@ -178,3 +181,7 @@ def preflight(spec: Any, console: Any = None) -> None:
                           "will be dropped (" + ", ".join(f"{k}: {v}" for k, v in over.items() if v) + ")")
     else:
         check_model(spec)
+        import importlib
+
+        return importlib.import_module(f"rlhf.loops.{spec.algo.kind}").prepare(spec, console)
+    return None

@@ -64,7 +64,7 @@ def run(spec: Any) -> int:
         console.print(f"run dir: {run_dir}")
         # data, reward functions, model path and tokenizer: checked here, before the tracker and Ray
         # start (also builds builtin:tiny once, before workers start)
-        preflight(spec, console)
+        prepared = preflight(spec, console)  # sft/rm/dpo: the tokenised data sets
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(tracker.where())
         from rlhf.launch import start_cluster
@@ -75,7 +75,8 @@ def run(spec: Any) -> int:
         import importlib
 
         loop = importlib.import_module(f"rlhf.loops.{kind}")
-        summary = loop.run(spec, cluster, tracker, console, str(run_dir))
+        extra = {"prepared": prepared} if prepared is not None else {}
+        summary = loop.run(spec, cluster, tracker, console, str(run_dir), **extra)
         status = "FINISHED"
         if (run_dir / "final" / "hf").is_dir():  # every loop ends with its HF export there
             tracker.log_model_path(str(run_dir / "final" / "hf"))

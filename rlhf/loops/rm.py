@@ -14,7 +14,7 @@ micro-batch's sequences into shared rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -23,13 +23,20 @@ from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import RMObjective, SequenceScores
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
-    tok = sup.tokenizer_for(spec)
-    L = sup.max_length(spec)
-    train_rec, eval_rec = sup.load_splits(spec)
-    pairs, rep_tr = build_pairs(train_rec, tok, spec.data, L, what="preference train")
-    eval_pairs, rep_ev = build_pairs(eval_rec, tok, spec.data, L, what="preference eval")
-    counts = sup.report_lines(console, tracker, [rep_tr, rep_ev], "data")
+def prepare(spec: Any, console: Any = None) -> sup.Prepared:
+    """Read and tokenise the train/eval pairs (in the driver, before the cluster starts)."""
+    prepared = sup.prepare_with(spec, console, build_pairs, "preference")
+    sup.check_enough(len(prepared.train), spec, "pairs")
+    return prepared
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
+        prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
+    prepared = prepared or prepare(spec, console)
+    tok, L = prepared.tokenizer, prepared.max_length
+    pairs, eval_pairs = prepared.train, prepared.eval
+    counts = prepared.counts()
+    tracker.log(0, counts)
     steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
     n_steps = sup.total_steps(spec, steps_per_epoch, console)
     pad, B, pack = tok.pad_token_id, spec.batch, spec.algo.packing

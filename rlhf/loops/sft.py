@@ -13,20 +13,28 @@ Batch math and files: rlhf.loops.supervised.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from rlhf.data.sft import build_sft, collate, to_rows
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import SFTObjective, SFTRowNLL
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
-    tok = sup.tokenizer_for(spec)
-    L = sup.max_length(spec)
-    train_rec, eval_rec = sup.load_splits(spec)
-    train_ex, rep_tr = build_sft(train_rec, tok, spec.data, L, what="sft train")
-    eval_ex, rep_ev = build_sft(eval_rec, tok, spec.data, L, what="sft eval")
-    counts = sup.report_lines(console, tracker, [rep_tr, rep_ev], "data")
+def prepare(spec: Any, console: Any = None) -> sup.Prepared:
+    """Read and tokenise the train/eval sets (in the driver, before the cluster starts)."""
+    prepared = sup.prepare_with(spec, console, build_sft, "sft")
+    rows = to_rows(prepared.train, pack=spec.algo.packing, max_length=prepared.max_length)
+    sup.check_enough(len(rows), spec, "rows" if spec.algo.packing else "examples")
+    return prepared
+
+
+def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
+        prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
+    prepared = prepared or prepare(spec, console)
+    tok, L = prepared.tokenizer, prepared.max_length
+    train_ex, eval_ex = prepared.train, prepared.eval
+    counts = prepared.counts()
+    tracker.log(0, counts)
     rows = to_rows(train_ex, pack=spec.algo.packing, max_length=L)
     eval_rows = to_rows(eval_ex, pack=False, max_length=L)
     if spec.algo.packing:

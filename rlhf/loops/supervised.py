@@ -190,13 +190,46 @@ def scale_tensor(x: float) -> torch.Tensor:
     return torch.tensor(float(x), dtype=torch.float32)
 
 
-def report_lines(console: Any, tracker: Any, reports: Sequence[Any], prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for rep in reports:
-        console.print(rep.line())
-        out.update(rep.metrics(f"{prefix}/{rep.what.split()[-1]}"))
-    tracker.log(0, out)
-    return out
+@dataclass
+class Prepared:
+    """A supervised run's tokenised data, made in the driver before any worker starts
+    (``rlhf.preflight`` calls the loop's ``prepare``): a data error costs seconds, not a cluster."""
+
+    tokenizer: Any
+    max_length: int
+    train: list  # sft: Example; rm/dpo: Pair
+    eval: list
+    reports: list  # TruncationReport of train and eval
+
+    def counts(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for rep in self.reports:
+            out.update(rep.metrics(f"data/{rep.what.split()[-1]}"))
+        return out
+
+
+def prepare_with(spec: Any, console: Any, build: Callable, what: str) -> Prepared:
+    """Load train/eval records and tokenise them with ``build(records, tokenizer, data, L, what=)``."""
+    tok = tokenizer_for(spec)
+    L = max_length(spec)
+    try:
+        train_rec, eval_rec = load_splits(spec)
+        train, rep_tr = build(train_rec, tok, spec.data, L, what=f"{what} train")
+        evals, rep_ev = build(eval_rec, tok, spec.data, L, what=f"{what} eval")
+    except UserError as e:
+        files = list(spec.data.train_files) + list(spec.data.eval_files)
+        if any(f.startswith("builtin:keymap/") for f in files):  # the RL prompt set, by default
+            kind = "sft" if what == "sft" else "preference"
+            raise UserError(
+                f"{e} (builtin:keymap/... holds RL prompts only; for algo={spec.algo.name} on the built-in task use "
+                f"data.train_files=[builtin:keymap-{kind}/train] data.eval_files=[builtin:keymap-{kind}/eval], "
+                f"or make files with `rlhf-data make {kind} --out DIR`.)"
+            ) from None
+        raise
+    for rep in (rep_tr, rep_ev):
+        if console is not None:
+            console.print(rep.line())
+    return Prepared(tokenizer=tok, max_length=L, train=train, eval=evals, reports=[rep_tr, rep_ev])
 
 
 def optional(x: Optional[float]) -> float:
