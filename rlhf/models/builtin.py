@@ -132,5 +132,9 @@ def _write_tiny(folder: Path, arch: dict) -> None:
         torch.manual_seed(arch["seed"])
         model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tok.pad_token_id
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws a "Writing model shards" bar on stderr: noise before a run's first line
+    hf_logging.disable_progress_bar()
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
