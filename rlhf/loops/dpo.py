@@ -8,7 +8,7 @@
       → held-out: implicit rewards beta·(log pi - log pi_ref) of chosen and rejected, their
         margin, and preference accuracy (chosen reward > rejected reward), before training, after
         every epoch and at the end
-      → final/hf: the policy
+      → checkpoints (checkpoint.every, resume=); final/hf: the policy
 
 Before training the policy is the reference, so every implicit reward is 0 and the accuracy 0 (no
 pair is strictly preferred yet); ``eval/logp_accuracy`` (log pi(chosen) > log pi(rejected)) is
@@ -43,7 +43,6 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
     counts = prepared.counts()
     tracker.log(0, counts)
     steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
-    n_steps = sup.total_steps(spec, steps_per_epoch, console)
     pad, B, pack = tok.pad_token_id, spec.batch, algo.packing
 
     def mb_of(ps, units):
@@ -75,47 +74,32 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
             "eval/logp_accuracy": float((pol[:, 0] > pol[:, 1]).float().mean()),
         }
 
-    log = sup.Log(spec, tracker, console, run_dir)
+    def shards_of(units: list[int]) -> list[list[dict]]:
+        scale = sup.scale_tensor(B.train_world_size / len(units))  # mean over the step's pairs
+        out = []
+        for rank in sup.step_shards(units, spec):
+            mbs = []
+            for u in rank:
+                mb = {**mb_of(pairs, u), "loss_scale": scale}
+                if ref_train is not None:
+                    mb["ref_logp"] = ref_train[u].reshape(-1)  # chosen, rejected, chosen, ... as the sequences
+                mbs.append(mb)
+            out.append(mbs)
+        return out
+
+    def step_metrics(st: dict[str, float]) -> dict[str, float]:
+        n = max(st["pairs"], 1.0)
+        return {"train/loss": st["loss_sum"] / n, "train/accuracy": st["correct"] / n,
+                "train/chosen_reward": st["chosen_reward_sum"] / n, "train/rejected_reward": st["rejected_reward_sum"] / n,
+                "train/margin": st["margin_sum"] / n, "train/chosen_logp": st["chosen_logp_sum"] / n,
+                "train/rejected_logp": st["rejected_logp_sum"] / n, "train/grad_norm": st["grad_norm"],
+                "train/lr": st["lr"]}
+
     objective = DPOObjective(beta=algo.beta, loss_type=algo.loss_type, label_smoothing=algo.label_smoothing,
                              reference_free=algo.reference_free)
-    before = evaluate()
-    log.eval(0, before, "before training")
-    after = before
-    step = 0
-    try:
-        for epoch in range(algo.epochs):
-            order = sup.epoch_order(len(pairs), spec.train.seed, epoch)
-            for k in range(steps_per_epoch):
-                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
-                scale = sup.scale_tensor(B.train_world_size / len(units))
-                shards = []
-                for rank in sup.step_shards(units, spec):
-                    mbs = []
-                    for u in rank:
-                        mb = {**mb_of(pairs, u), "loss_scale": scale}
-                        if ref_train is not None:
-                            mb["ref_logp"] = ref_train[u].reshape(-1)  # chosen, rejected, chosen, ...
-                        mbs.append(mb)
-                    shards.append(mbs)
-                st = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
-                n = max(st["pairs"], 1.0)
-                log.step(step, {
-                    "train/loss": st["loss_sum"] / n,
-                    "train/accuracy": st["correct"] / n,
-                    "train/chosen_reward": st["chosen_reward_sum"] / n,
-                    "train/rejected_reward": st["rejected_reward_sum"] / n,
-                    "train/margin": st["margin_sum"] / n,
-                    "train/chosen_logp": st["chosen_logp_sum"] / n,
-                    "train/rejected_logp": st["rejected_logp_sum"] / n,
-                    "train/grad_norm": st["grad_norm"],
-                    "train/lr": st["lr"],
-                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
-                })
-                step += 1
-            after = evaluate()
-            log.eval(step, after, f"epoch {epoch + 1}/{algo.epochs}")
-    finally:
-        log.close()
+    before, after, n_steps = sup.train_epochs(
+        spec, cluster, tracker, console, run_dir, n_units=len(pairs), steps_per_epoch=steps_per_epoch,
+        shards_of=shards_of, objective=objective, step_metrics=step_metrics, evaluate=evaluate)
     summary = {
         "eval/accuracy_before": before["eval/accuracy"],
         "eval/accuracy_after": after["eval/accuracy"],

@@ -6,7 +6,8 @@
         token (EOS), where the RL reward-model worker reads it too
       → loss = mean over the step's pairs of -log sigmoid(r_chosen - r_rejected [- margin])
       → held-out pairwise accuracy (r_chosen > r_rejected) before training, after every epoch
-      → final/hf: a sequence-classification checkpoint for ``reward.model_path=<run dir>/final/hf``
+      → checkpoints (checkpoint.every, resume=); final/hf: a sequence-classification checkpoint
+        for ``reward.model_path=<run dir>/final/hf``
 
 ``algo.margin`` subtracts a fixed margin inside the sigmoid (Llama 2); ``algo.packing`` packs a
 micro-batch's sequences into shared rows.
@@ -38,7 +39,6 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
     counts = prepared.counts()
     tracker.log(0, counts)
     steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
-    n_steps = sup.total_steps(spec, steps_per_epoch, console)
     pad, B, pack = tok.pad_token_id, spec.batch, spec.algo.packing
 
     def mb_of(ps, units):
@@ -58,35 +58,20 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
             "eval/margin": float(margin.mean()),
         }
 
-    log = sup.Log(spec, tracker, console, run_dir)
-    objective = RMObjective(margin=spec.algo.margin)
-    before = evaluate()
-    log.eval(0, before, "before training")
-    after = before
-    step = 0
-    try:
-        for epoch in range(spec.algo.epochs):
-            order = sup.epoch_order(len(pairs), spec.train.seed, epoch)
-            for k in range(steps_per_epoch):
-                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
-                scale = sup.scale_tensor(B.train_world_size / len(units))
-                shards = [[{**mb_of(pairs, u), "loss_scale": scale} for u in rank] for rank in sup.step_shards(units, spec)]
-                st = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
-                n = max(st["pairs"], 1.0)
-                log.step(step, {
-                    "train/loss": st["loss_sum"] / n,
-                    "train/accuracy": st["correct"] / n,
-                    "train/chosen_score": st["chosen_score_sum"] / n,
-                    "train/rejected_score": st["rejected_score_sum"] / n,
-                    "train/grad_norm": st["grad_norm"],
-                    "train/lr": st["lr"],
-                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
-                })
-                step += 1
-            after = evaluate()
-            log.eval(step, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
-    finally:
-        log.close()
+    def shards_of(units: list[int]) -> list[list[dict]]:
+        scale = sup.scale_tensor(B.train_world_size / len(units))  # mean over the step's pairs
+        return [[{**mb_of(pairs, u), "loss_scale": scale} for u in rank] for rank in sup.step_shards(units, spec)]
+
+    def step_metrics(st: dict[str, float]) -> dict[str, float]:
+        n = max(st["pairs"], 1.0)
+        return {"train/loss": st["loss_sum"] / n, "train/accuracy": st["correct"] / n,
+                "train/chosen_score": st["chosen_score_sum"] / n, "train/rejected_score": st["rejected_score_sum"] / n,
+                "train/grad_norm": st["grad_norm"], "train/lr": st["lr"]}
+
+    before, after, n_steps = sup.train_epochs(
+        spec, cluster, tracker, console, run_dir, n_units=len(pairs), steps_per_epoch=steps_per_epoch,
+        shards_of=shards_of, objective=RMObjective(margin=spec.algo.margin), step_metrics=step_metrics,
+        evaluate=evaluate)
     summary = {
         "eval/accuracy_before": before["eval/accuracy"],
         "eval/accuracy_after": after["eval/accuracy"],

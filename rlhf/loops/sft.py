@@ -4,8 +4,8 @@
       → rows of one example, or packed rows (algo.packing)
       → for each epoch, for each step: the step's rows over the actor's ranks, micro-batches,
         loss = sum of NLL over trained tokens / trained tokens of the whole step
-      → eval loss (mean NLL per trained token) on the held-out set, after every epoch
-      → final/hf
+      → eval loss (mean NLL per trained token) on the held-out set, before and after every epoch
+      → checkpoints (checkpoint.every, resume=) and final/hf
 
 Batch math and files: rlhf.loops.supervised.
 """
@@ -40,7 +40,6 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
     if spec.algo.packing:
         console.print(f"packing: {len(train_ex)} examples in {len(rows)} rows of up to {L} tokens")
     steps_per_epoch = sup.check_enough(len(rows), spec, "rows" if spec.algo.packing else "examples")
-    n_steps = sup.total_steps(spec, steps_per_epoch, console)
     pad = tok.pad_token_id
     B = spec.batch
 
@@ -52,41 +51,20 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
         loss = nll / max(tokens, 1.0)
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0)), "eval/tokens": tokens}
 
-    log = sup.Log(spec, tracker, console, run_dir)
-    objective = SFTObjective()
-    before = evaluate()
-    log.eval(0, before, "before training")
-    after = before
-    step = 0
-    try:
-        for epoch in range(spec.algo.epochs):
-            order = sup.epoch_order(len(rows), spec.train.seed, epoch)
-            for k in range(steps_per_epoch):
-                units = order[k * B.mini_batch_size:(k + 1) * B.mini_batch_size]
-                tokens = sum(sum(rows[i].loss_mask) for i in units)
-                scale = sup.scale_tensor(B.train_world_size / max(tokens, 1))
-                shards = []
-                for rank in sup.step_shards(units, spec):
-                    mbs = []
-                    for mb_units in rank:
-                        mb = collate([rows[i] for i in mb_units], pad)
-                        mb["loss_scale"] = scale
-                        mbs.append(mb)
-                    shards.append(mbs)
-                stats = sup.add_sums(cluster.actor.scatter("train_step", shards, objective))
-                m = {
-                    "train/loss": stats["nll_sum"] / max(stats["tokens"], 1.0),
-                    "train/tokens": stats["tokens"],
-                    "train/grad_norm": stats["grad_norm"],
-                    "train/lr": stats["lr"],
-                    "train/epoch": epoch + (k + 1) / steps_per_epoch,
-                }
-                log.step(step, m)
-                step += 1
-            after = evaluate()
-            log.eval(step, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
-    finally:
-        log.close()
+    def shards_of(units: list[int]) -> list[list[dict]]:
+        """One step's rows per rank and micro-batch; the loss is a token mean over the whole step."""
+        tokens = sum(sum(rows[i].loss_mask) for i in units)
+        scale = sup.scale_tensor(B.train_world_size / max(tokens, 1))
+        return [[{**collate([rows[i] for i in mb], pad), "loss_scale": scale} for mb in rank]
+                for rank in sup.step_shards(units, spec)]
+
+    def step_metrics(st: dict[str, float]) -> dict[str, float]:
+        return {"train/loss": st["nll_sum"] / max(st["tokens"], 1.0), "train/tokens": st["tokens"],
+                "train/grad_norm": st["grad_norm"], "train/lr": st["lr"]}
+
+    before, after, n_steps = sup.train_epochs(
+        spec, cluster, tracker, console, run_dir, n_units=len(rows), steps_per_epoch=steps_per_epoch,
+        shards_of=shards_of, objective=SFTObjective(), step_metrics=step_metrics, evaluate=evaluate)
     summary = {
         "eval/loss_before": before["eval/loss"],
         "eval/loss_after": after["eval/loss"],

@@ -15,6 +15,12 @@ whose results are dropped.
 The run dir gets ``metrics.jsonl`` (one line per step and per evaluation), ``final/hf`` (the
 trained model, ``from_pretrained``-ready: give it to the next stage as ``model.path`` or
 ``reward.model_path``) and ``final/metrics.json`` (evaluation before and after, data counts).
+
+Checkpoints work as in RL (rlhf.ckpt.training): every ``checkpoint.every`` optimizer steps and at
+the end, the actor's DeepSpeed state + RNGs and the driver's position (global step, metrics
+history, evaluations so far); ``resume=<run dir>`` (or rerunning into the same output_dir)
+continues from the newest one. The epoch order is a function of (seed, epoch), so a resumed run
+sees the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -140,7 +146,7 @@ class Log:
     tracker: Any
     console: Any
     run_dir: str
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self):
@@ -234,3 +240,70 @@ def prepare_with(spec: Any, console: Any, build: Callable, what: str) -> Prepare
 
 def optional(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
+
+
+def keep_metrics_before(path: Path, start: int) -> None:
+    """A resumed run rewrites its metrics from ``start`` on: drop step lines >= start and
+    evaluation lines after it (the evaluation at ``start`` belongs to the checkpoint)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        is_eval = not any(k.startswith("train/") for k in row)
+        if row["step"] < start or (is_eval and row["step"] <= start):
+            keep.append(line)
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def train_epochs(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str, *, n_units: int,
+                 steps_per_epoch: int, shards_of: Callable[[list[int]], list[list[MB]]], objective: Any,
+                 step_metrics: Callable[[dict[str, float]], dict[str, float]],
+                 evaluate: Callable[[], dict[str, float]]) -> tuple[dict[str, float], dict[str, float], int]:
+    """The epoch/step loop of sft, rm and dpo: (eval before, eval after, optimizer steps).
+
+    ``shards_of(units)`` makes one step's micro-batches per rank from unit indices;
+    ``step_metrics(summed worker stats)`` names the step's metrics; ``evaluate()`` runs the
+    held-out evaluation. Checkpoints and resume: see the module docstring."""
+    from rlhf.ckpt import training as ckpt_io
+
+    G = spec.batch.mini_batch_size
+    n_steps = total_steps(spec, steps_per_epoch, console)
+    ckpt = ckpt_io.manager(spec, run_dir)
+    start, history = 0, []
+    before: Optional[dict[str, float]] = None
+    after: Optional[dict[str, float]] = None
+    resumed = ckpt_io.latest(spec, run_dir)
+    if resumed is not None:
+        state = ckpt_io.restore(resumed, cluster)
+        start, history, before, after = state["step"], state["history"], state["before"], state["after"]
+        console.print(f"resumed from {resumed.path} at step {start + 1} of {n_steps}")
+    keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
+    log = Log(spec, tracker, console, run_dir, history=list(history))
+    try:
+        if before is None:
+            before = evaluate()
+            log.eval(0, before, "before training")
+        after = after or before
+        orders: dict[int, list[int]] = {}
+        for step in range(start, n_steps):
+            epoch, k = divmod(step, steps_per_epoch)
+            order = orders.setdefault(epoch, epoch_order(n_units, spec.train.seed, epoch))
+            units = order[k * G:(k + 1) * G]
+            stats = add_sums(cluster.actor.scatter("train_step", shards_of(units), objective))
+            m = step_metrics(stats)
+            m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
+            log.step(step, m)
+            done = step + 1
+            if done % steps_per_epoch == 0:
+                after = evaluate()
+                log.eval(done, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
+            if ckpt.due(done, n_steps):
+                state = {"step": done, "history": list(log.history), "before": before, "after": after}
+                path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics={**log.history[-1], **after})
+                console.print(f"checkpoint: {path}")
+    finally:
+        log.close()
+    return before, after, n_steps
