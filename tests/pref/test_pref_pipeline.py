@@ -4,6 +4,8 @@
   reading the previous stage's final/hf: SFT lowers the held-out loss, the reward model ranks
   >= 90% of held-out pairs right, PPO against it raises both its score and the task's true reward.
 * DPO (recipe dpo_tiny): held-out preference accuracy >= 90%.
+* an SFT run stopped after its first epoch and resumed from its checkpoint ends where the
+  uninterrupted pipeline SFT stage ended.
 
 One Ray instance serves every run of this module.
 """
@@ -22,8 +24,6 @@ QUIET = ["tracking=none", "tracking.console=plain"]
 def ray_session():
     import ray
 
-    from rlhf.workers.base import skip_deepspeed_shm_build  # noqa: F401  (import check only)
-
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -32,10 +32,18 @@ def ray_session():
         ray.shutdown()
 
 
-@pytest.fixture
-def pipeline_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_PIPELINE_DIR", str(tmp_path))
-    return tmp_path
+@pytest.fixture(scope="module")
+def pipeline(ray_session, tmp_path_factory):
+    """Runs the three recipes once, each stage reading the previous one's final/hf."""
+    root = tmp_path_factory.mktemp("pipeline")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RLHF_PIPELINE_DIR", str(root))
+    try:
+        for stage in ("sft", "rm", "ppo"):
+            _run(f"recipe=pipeline_{stage}")
+    finally:
+        mp.undo()
+    return root
 
 
 def _run(*args) -> None:
@@ -56,26 +64,42 @@ def _mean(rows, key) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
-def test_sft_then_reward_model_then_ppo(ray_session, pipeline_dir):
-    _run("recipe=pipeline_sft")
-    sft = _final(pipeline_dir / "sft")
+def test_sft_lowers_held_out_loss(pipeline):
+    sft = _final(pipeline / "sft")
+    print(f"SFT: held-out loss {sft['eval/loss_before']:.3f} -> {sft['eval/loss_after']:.3f}")
     assert sft["eval/loss_after"] < 0.5 * sft["eval/loss_before"], sft
-    assert (pipeline_dir / "sft" / "final" / "hf" / "config.json").exists()
+    assert (pipeline / "sft" / "final" / "hf" / "config.json").exists()
 
-    _run("recipe=pipeline_rm")
-    rm = _final(pipeline_dir / "rm")
+
+def test_reward_model_ranks_held_out_pairs(pipeline):
+    rm = _final(pipeline / "rm")
+    print(f"RM: held-out accuracy {rm['eval/accuracy_before']:.3f} -> {rm['eval/accuracy_after']:.3f}")
     assert rm["eval/accuracy_after"] >= 0.9, rm
-    cfg = json.loads((pipeline_dir / "rm" / "final" / "hf" / "config.json").read_text())
+    cfg = json.loads((pipeline / "rm" / "final" / "hf" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForSequenceClassification"] and len(cfg["id2label"]) == 1
 
-    _run("recipe=pipeline_ppo")
-    steps = _steps(pipeline_dir / "ppo")
+
+def test_ppo_against_the_reward_model_raises_its_score_and_the_true_reward(pipeline):
+    steps = _steps(pipeline / "ppo")
     first, last = steps[:2], steps[-4:]
     true_before, true_after = _mean(first, "reward/keymap_reward/mean"), _mean(last, "reward/keymap_reward/mean")
     rm_before, rm_after = _mean(first, "reward/model/mean"), _mean(last, "reward/model/mean")
     print(f"PPO: true reward {true_before:.3f} -> {true_after:.3f}, RM score {rm_before:.3f} -> {rm_after:.3f}")
     assert true_after > true_before + 0.05
     assert rm_after > rm_before
+
+
+def test_sft_resumed_from_a_checkpoint_equals_the_uninterrupted_run(pipeline, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_PIPELINE_DIR", str(pipeline))
+    run_dir = tmp_path / "sft"
+    _run("recipe=pipeline_sft", "algo.epochs=1", f"output_dir={run_dir}")  # stops after epoch 1 (a checkpoint)
+    from rlhf.cli import main
+
+    assert main([f"resume={run_dir}", "algo.epochs=2", "tracking.backend=none", "tracking.console=plain"]) == 0
+    resumed, whole = _final(run_dir), _final(pipeline / "sft")
+    assert resumed["eval/loss_after"] == pytest.approx(whole["eval/loss_after"], rel=1e-6)
+    losses = lambda rows: [r["train/loss"] for r in rows if "train/loss" in r]  # noqa: E731
+    assert losses(_steps(run_dir)) == pytest.approx(losses(_steps(pipeline / "sft")), rel=1e-6)
 
 
 def test_dpo_preference_accuracy(ray_session, tmp_path):
