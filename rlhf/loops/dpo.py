@@ -2,7 +2,8 @@
 
     pairs (prompt, chosen, rejected) → token ids (rlhf.data.preference)
       → the reference's summed response log-probs of every pair, computed ONCE before training on
-        the reference workers (train and held-out sets); not needed with algo.reference_free
+        the reference workers (train and held-out sets), which are then released so the actor has
+        the memory; not needed with algo.reference_free
       → for each step: the policy's summed log-probs, rlhf.algos.dpo_loss(beta, loss_type,
         label_smoothing), mean over the step's pairs
       → held-out: implicit rewards beta·(log pi - log pi_ref) of chosen and rejected, their
@@ -57,7 +58,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
     ref_train = ref_eval = None
     if not algo.reference_free:
         ref_train, ref_eval = logps(cluster.reference, pairs), logps(cluster.reference, eval_pairs)
-        console.print(f"reference log-probs: {len(pairs)} train + {len(eval_pairs)} held-out pairs")
+        console.print(f"reference log-probs: {len(pairs)} train + {len(eval_pairs)} held-out pairs "
+                      "(reference workers released)")
+        cluster.groups.pop("reference").kill()  # its memory goes back to the actor (hybrid placement)
 
     def evaluate() -> dict[str, float]:
         pol = logps(cluster.actor, eval_pairs)
