@@ -13,10 +13,10 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from rlhf.data.make import KINDS, make
+from rlhf.data.make import BUILTIN_SFT_NOISE, BUILTIN_SIZES, KINDS, make
 
 EXAMPLE_RUN = {
-    "sft": "rlhf-run algo=sft data.train_files=[{train}] data.eval_files=[{eval}] data.response_key=response",
+    "sft": "rlhf-run algo=sft data.train_files=[{train}] data.eval_files=[{eval}]",
     "preference": "rlhf-run algo=dpo data.train_files=[{train}] data.eval_files=[{eval}]   (or algo=rm)",
     "prompts": "rlhf-run algo=grpo data.train_files=[{train}] data.eval_files=[{eval}]",
 }
@@ -28,15 +28,22 @@ def parser() -> argparse.ArgumentParser:
     m = sub.add_parser("make", help="write train.jsonl and eval.jsonl under --out")
     m.add_argument("kind", choices=KINDS)
     m.add_argument("--out", required=True, help="output directory")
-    m.add_argument("--n", type=int, default=512, help="training rows (default 512)")
-    m.add_argument("--n-eval", type=int, default=64, help="held-out rows (default 64)")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--noise", type=float, default=None, help="sft: chance that each answer word is wrong (default 0.2)")
+    sizes = ", ".join(f"{k} {t}/{e}" for k, (t, e) in BUILTIN_SIZES.items())
+    m.add_argument("--n", type=int, default=None, help=f"training rows (default: as builtin:keymap-<kind>: {sizes})")
+    m.add_argument("--n-eval", type=int, default=None, help="held-out rows (default: as builtin:keymap-<kind>)")
+    m.add_argument("--seed", type=int, default=0, help="0 gives the same rows as builtin:keymap-<kind>")
+    m.add_argument("--noise", type=float, default=None,
+                   help=f"sft: chance that each answer word is replaced by a random value (default {BUILTIN_SFT_NOISE})")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
+    n_train, n_eval = BUILTIN_SIZES[args.kind]
+    args.n = n_train if args.n is None else args.n
+    args.n_eval = n_eval if args.n_eval is None else args.n_eval
+    if args.kind == "sft" and args.noise is None:
+        args.noise = BUILTIN_SFT_NOISE
     if args.n < 1 or args.n_eval < 1:
         print("error: --n and --n-eval must be >= 1", file=sys.stderr)
         return 2

@@ -118,7 +118,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-def make(kind: str, out: str | Path, *, n_train: int = 512, n_eval: int = 64, seed: int = 0, noise: Optional[float] = None) -> dict[str, Path]:
+def make(kind: str, out: str | Path, *, n_train: int = 512, n_eval: int = 128, seed: int = 0,
+         noise: Optional[float] = None) -> dict[str, Path]:
     """Write ``<out>/train.jsonl`` and ``<out>/eval.jsonl``; returns their paths. Train and eval
     rows come from different seeds."""
     if kind not in KINDS:
