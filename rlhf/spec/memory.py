@@ -44,6 +44,23 @@ def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
     return body + head
 
 
+def lora_param_count(m: ModelSpec) -> int:
+    """Parameters of the LoRA adapters (Hu et al. 2021) of ``m.lora`` (0 when rank is 0).
+
+    A target Linear with ``in`` inputs and ``out`` outputs gets A (r × in) and B (out × r):
+    r·(in + out). Per layer q,o: h → h; k,v: h → (h/H)·K; gate,up: h → I; down: I → h. Target names
+    other than these seven add nothing here (the estimate knows only the Llama/Qwen projections).
+    """
+    r = m.lora.rank
+    if r <= 0:
+        return 0
+    h, kv = m.hidden, m.hidden // m.n_heads * m.n_kv_heads
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+              "gate_proj": (h, m.intermediate), "up_proj": (h, m.intermediate), "down_proj": (m.intermediate, h)}
+    per_layer = sum(r * sum(shapes[t]) for t in set(m.lora.target_modules) if t in shapes)
+    return m.n_layers * per_layer
+
+
 def trained_model_gb(params: int, shards: int, zero_stage: int, offload_optimizer: bool, dtype: str) -> dict[str, float]:
     """Weights, gradients and Adam state of a trained model on one device (Rajbhandari et al. 2020).
 
@@ -132,7 +149,12 @@ def estimate(spec: Any) -> Estimate:
         parts = trained_model_gb(params, lay.world_size(role), z, off, m.dtype)
         return {f"{role} {k}": v for k, v in parts.items()}
 
-    actor = states("actor", p_policy)
+    p_lora = lora_param_count(m)
+    if p_lora:  # LoRA: the policy's weights are frozen; gradients and Adam state only for the adapters
+        actor = states("actor", p_lora)
+        actor["actor weights"] += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
+    else:
+        actor = states("actor", p_policy)
     actor_act = {"activations": activations_gb(m, micro, seq)}
     critic = states("critic", p_value) if "critic" in spec.roles else {}
     reference = (
@@ -192,7 +214,8 @@ def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None
     hybrid = name == "training phase"
     sharded = 0.0
     if hybrid or name == "actor":
-        sharded += trained * p_policy
+        p_lora = lora_param_count(m)  # LoRA: frozen weights plus trained adapters
+        sharded += b * p_policy + trained * p_lora if p_lora else trained * p_policy
     if (hybrid and "critic" in spec.roles) or name == "critic":
         sharded += trained * p_value
     if (hybrid and "reference" in spec.roles) or name == "reference":

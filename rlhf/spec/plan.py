@@ -19,6 +19,7 @@ from rlhf.spec.memory import (
     GB,
     Estimate,
     estimate,
+    lora_param_count,
     min_gpus,
     min_tensor_parallel,
     param_count,
@@ -154,6 +155,12 @@ def render_plan(spec: Any) -> str:
     p = param_count(spec.model)
     ckpt = " · gradient checkpointing" if spec.model.gradient_checkpointing else ""
     size = f"{p / 1e9:.2f} B" if p >= 1e8 else f"{p / 1e6:.2f} M"
+    lora = spec.model.lora
+    if lora.rank > 0:
+        n = lora_param_count(spec.model)
+        trained = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+        ckpt += (f" · LoRA r={lora.rank} α={lora.alpha:g} on {','.join(lora.target_modules)}"
+                 f" ({trained} trained parameters)")
     lines.append(f"model: {spec.model.path} · {size} parameters · {spec.model.dtype}{ckpt}")
     if a.kind == "rl":
         kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"

@@ -133,6 +133,21 @@ ALGO_SCHEMAS = {"rl": RLAlgo, "dpo": DPOAlgo, "rm": RMAlgo, "sft": SFTAlgo}
 # --------------------------------------------------------------------------- model
 
 
+# The linear projections of a Llama/Qwen decoder layer (attention and MLP): LoRA's default targets.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSpec(Frozen):
+    """LoRA adapters on the policy (Hu et al. 2021): each target Linear W trains W + (alpha/rank)·B·A
+    with W frozen; the rollout engines and the HF export get the merged weights (rlhf.models.lora)."""
+
+    rank: int = 0  # r of A (r × in) and B (out × r); 0 = off, every weight trains
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapter's input while training
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # Linear module names
+
+
 @dataclass
 class ModelSpec(Frozen):
     """A model: where to load it and the architecture numbers that memory planning needs."""
@@ -148,6 +163,7 @@ class ModelSpec(Frozen):
     tie_embeddings: bool = False
     dtype: str = "bfloat16"  # bfloat16 | float16 | float32
     gradient_checkpointing: bool = False
+    lora: LoraSpec = field(default_factory=LoraSpec)  # rank > 0: train LoRA adapters, not the policy's weights
 
 
 # --------------------------------------------------------------------------- hardware

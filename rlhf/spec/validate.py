@@ -14,6 +14,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PLACEMENTS = ("loss", "reward")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
 DTYPES = ("bfloat16", "float16", "float32")
+LORA_KINDS = ("rl", "sft", "dpo")  # algo kinds whose trained model may carry LoRA adapters
 
 
 def _choice(problems: list[str], key: str, value: Any, options: tuple[str, ...]) -> None:
@@ -104,6 +105,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     if hw.nodes < 1 or hw.devices_per_node < 1:
         p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
         return p
+    _lora_problems(p, s)
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
     _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
@@ -274,6 +276,26 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             p.append("env.fn with eval.every > 0 is not supported (evaluation is single-turn): set eval.every=0.")
     _choice(p, "mode", s["mode"], ("run", "plan"))
     return p
+
+
+def _lora_problems(p: list[str], s: dict[str, Any]) -> None:
+    """model.lora: LoRA adapters on the policy (rlhf.models.lora)."""
+    lora, algo = s["model"].lora, s["algo"]
+    if lora.rank < 0:
+        p.append(f"model.lora.rank={lora.rank} must be >= 0 (0 = off, every weight trains; 8 or 16 is usual).")
+    if lora.rank <= 0:
+        return
+    if lora.alpha <= 0:
+        p.append(f"model.lora.alpha={lora.alpha} must be > 0 (the update is scaled by alpha / rank; "
+                 f"{2 * lora.rank} is usual).")
+    if not 0 <= lora.dropout < 1:
+        p.append(f"model.lora.dropout={lora.dropout} must be in [0, 1) (0 is usual for RL).")
+    if not lora.target_modules:
+        p.append("model.lora.target_modules is empty: name the Linear modules to adapt, e.g. "
+                 "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].")
+    if algo.kind not in LORA_KINDS:
+        p.append(f"model.lora.rank={lora.rank}: LoRA trains causal-LM policies ({', '.join(LORA_KINDS)}); "
+                 f"algo={algo.name} trains a sequence classifier. Set model.lora.rank=0.")
 
 
 def _nearest(candidates: list[int], target: int) -> list[int]:

@@ -57,7 +57,9 @@ class WeightSource:
 
     ``module`` is the HF model (for a DeepSpeed engine pass ``engine.module``); ``dtype`` is the
     rollout engine's dtype (tensors are cast while packing); ``strip_prefixes`` removes wrapper
-    prefixes from parameter names.
+    prefixes from parameter names. A LoRA model (``rlhf.models.lora``) is sent as its base model:
+    base names, each adapted weight merged (``W + (alpha/r)·B A``, computed per bucket from the
+    gathered ``W``, ``A``, ``B``; the trained parameters are not changed).
     """
 
     def __init__(
@@ -68,19 +70,19 @@ class WeightSource:
         dtype: Optional[torch.dtype] = torch.bfloat16,
         strip_prefixes: Sequence[str] = (),
     ) -> None:
-        named: list[tuple[str, torch.nn.Parameter]] = []
-        seen: set[int] = set()
-        for name, p in module.named_parameters():
-            if id(p) in seen:  # tied weights appear once
-                continue
-            seen.add(id(p))
-            named.append((rename(name, strip_prefixes), p))
-        self.params = dict(named)
-        self.zero3 = any(is_zero3_param(p) for _, p in named)
+        from rlhf.models.lora import sync_entries
+
+        entries = sync_entries(module)  # each tensor once (tied weights under their first name)
+        for e in entries:
+            e.name = rename(e.name, strip_prefixes)
+        self.entries = {e.name: e for e in entries}
+        self.params = {e.name: e.params[0] for e in entries}
+        self.zero3 = any(is_zero3_param(p) for e in entries for p in e.params)
         items = []
-        for name, p in named:
+        for e in entries:
+            p = e.params[0]
             shape = tuple(p.ds_shape) if is_zero3_param(p) else tuple(p.shape)
-            items.append((name, shape, dtype or p.dtype))
+            items.append((e.name, shape, dtype or p.dtype))
         self.buckets: list[Bucket] = plan_buckets(items, bucket_bytes)
         self.total_bytes = sum(m.nbytes for b in self.buckets for m in b.metas)
         self.max_bucket_bytes = max((b.nbytes for b in self.buckets), default=0)
@@ -88,14 +90,20 @@ class WeightSource:
     @contextlib.contextmanager
     def gathered(self, bucket: Bucket) -> Iterator[list[torch.Tensor]]:
         """Full tensors of one bucket (ZeRO-3: gathered on every rank for the duration)."""
-        params = [self.params[m.name] for m in bucket.metas]
+        entries = [self.entries[m.name] for m in bucket.metas]
         if self.zero3:
             import deepspeed
 
+            params = [p for e in entries for p in e.params]
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                yield [p.data for p in params]
+                yield [_tensor_of(e) for e in entries]
         else:
-            yield [p.data for p in params]
+            yield [_tensor_of(e) for e in entries]
+
+
+@torch.no_grad()
+def _tensor_of(entry: Any) -> torch.Tensor:
+    return entry.tensor([p.data for p in entry.params])
 
 
 def _now_synced() -> float:

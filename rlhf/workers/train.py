@@ -103,7 +103,8 @@ class _Model(Worker):
 
         folder = Path(path) / self.role
         folder.mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(str(folder), tag="ds")
+        # LoRA: the frozen base weights come from the model path again; the adapters and Adam are saved
+        self.engine.save_checkpoint(str(folder), tag="ds", exclude_frozen_parameters=getattr(self, "lora", False))
         torch.save(rng_state(), folder / f"rng_rank{self.rank}.pt")
 
     def load_state(self, path: str) -> None:
@@ -112,8 +113,9 @@ class _Model(Worker):
         from rlhf.ckpt.state import set_rng_state
 
         folder = Path(path) / self.role
+        lora = getattr(self, "lora", False)
         loaded, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
+                                                load_lr_scheduler_states=True, load_module_strict=not lora)
         if loaded is None:
             raise RuntimeError(f"no DeepSpeed checkpoint of {self.role} in {folder}")
         set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))
@@ -144,7 +146,16 @@ class _Model(Worker):
 
 
 class PolicyWorker(TrainerSyncMixin, _Model):
-    """The actor: a causal LM trained with the clipped policy loss (+ KL loss, - entropy bonus)."""
+    """The actor: a causal LM trained with the clipped policy loss (+ KL loss, - entropy bonus).
+
+    With ``model.lora.rank > 0`` the model is wrapped with LoRA adapters and only they train; the
+    weight sync and the HF export carry the merged weights under the base model's names
+    (``full_state_dict``, ``TrainerSyncMixin.gpu_sync_send``), and the HF export also writes the
+    adapter (peft's ``save_pretrained``) beside it."""
+
+    @property
+    def lora(self) -> bool:
+        return self.spec.model.lora.rank > 0
 
     def setup(self) -> None:
         import deepspeed
@@ -152,7 +163,13 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         algo = self.spec.algo
         # a reward model run (algo=rm) trains a sequence classifier in the actor's place
         model = self.load("sequence_score" if algo.kind == "rm" else None)
-        opt = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+        if self.lora:  # LoRA: frozen weights, trained adapters (rlhf.models.lora); the reference stays the base
+            from rlhf.models.lora import apply_lora
+
+            model = apply_lora(model, self.spec.model.lora, self.spec.train.seed,
+                               gradient_checkpointing=self.spec.model.gradient_checkpointing)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
             config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm),
@@ -256,17 +273,28 @@ class PolicyWorker(TrainerSyncMixin, _Model):
 
     def save_hf(self, path: str) -> Optional[str]:
         """Write the model (full weights, gathered under ZeRO-3) and its tokenizer in HF format to
-        ``path`` on rank 0, ``from_pretrained``-ready. Returns the path on rank 0, else None."""
+        ``path`` on rank 0, ``from_pretrained``-ready. Returns the path on rank 0, else None.
+
+        LoRA: ``path`` holds the merged model (base architecture, ``W + (alpha/r)·B A``), and
+        ``adapter_dir(path)`` the adapter alone (``PeftModel.from_pretrained(base, adapter)``)."""
         from pathlib import Path
 
+        lora = getattr(self, "lora", False)
         state = self.full_state_dict()
+        raw = self._raw_state_dict() if lora else None  # the adapter's tensors (gathered under ZeRO-3)
         if self.rank != 0:
             return None
         from rlhf.models import load_tokenizer
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.engine.module.save_pretrained(str(out), state_dict=state)
+        module = self.engine.module
+        if lora:
+            from rlhf.models.lora import adapter_dir
+
+            module.save_pretrained(str(adapter_dir(out)), state_dict=raw)
+            module = module.get_base_model()  # the HF model; ``state`` has its parameter names
+        module.save_pretrained(str(out), state_dict=state)
         load_tokenizer(self.model_path()).save_pretrained(str(out))
         return str(out)
 
@@ -288,14 +316,30 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         return float(sq.sqrt())
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
-        """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks."""
+        """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks: what the
+        rollout engines load. A LoRA model gives the base model's names with every adapted weight
+        merged (``rlhf.models.lora.merged_state_dict``); the training weights are not touched."""
+        from rlhf.models.lora import merged_state_dict
+
         module = self.engine.module
         if self.spec.train.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if self.rank == 0 else None
+                state = ({k: v.clone() for k, v in merged_state_dict(module).items()} if self.rank == 0
+                         else None)
             return state
+        return merged_state_dict(module) if self.rank == 0 else None
+
+    def _raw_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
+        """The trained module's own state dict (peft names, adapters included) on rank 0."""
+        module = self.engine.module
+        if self.spec.train.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                return ({k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+                        if self.rank == 0 else None)
         return {k: v.detach().cpu() for k, v in module.state_dict().items()} if self.rank == 0 else None
 
 
