@@ -3,6 +3,11 @@
     run_dir/spec.yaml     the full resolved spec (derived batch plan and layout included)
     run_dir/config.yaml   the user-level config: ``rlhf-run -cp <run_dir> -cn config`` reruns it
     run_dir/metrics.jsonl one line of metrics per step
+
+Signals: Ctrl-C (SIGINT) exits 130, SIGTERM 143, both after cleanup (cluster shut down, MLflow run
+KILLED). Inside the RL step loop the first one stops the run at the end of the current step with
+a checkpoint of that step (``StopRequest``), so ``resume=<run dir>`` continues it; a second one
+stops at once (the checkpoints already written are complete: they are written atomically).
 """
 
 from __future__ import annotations
@@ -12,13 +17,66 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from rlhf.spec.errors import UserError
 
 EXIT_USER = 2
-EXIT_INTERRUPT = 130
+EXIT_INTERRUPT = 130  # Ctrl-C (SIGINT): 128 + 2
+EXIT_TERMINATED = 143  # SIGTERM (a scheduler's preemption, kill <pid>): 128 + 15
 EXIT_FAILURE = 1  # a worker process died
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt (the same cleanup), exit code 143."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+class StopRequest:
+    """Stop at the end of a step instead of in the middle of it.
+
+    ``install()`` (main thread only; elsewhere it does nothing) routes SIGINT and SIGTERM here: the
+    first one only records itself (``requested``) and prints one line; the loop checks
+    ``requested`` after each step, saves a checkpoint of it and raises ``exception()``. A second
+    signal raises at once (a KeyboardInterrupt, or ``Terminated`` for SIGTERM): the step or the
+    save in progress is abandoned. ``restore()`` puts the previous handlers back.
+    """
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def exception(self) -> KeyboardInterrupt:
+        return Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        self.signum = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        # os.write: a signal handler must not re-enter a buffered stream that may be mid-write
+        os.write(2, f"\n{name}: stopping after this step, with a checkpoint of it "
+                    "(Ctrl-C or SIGTERM again: stop now, without it)\n".encode())
+
+    def install(self) -> "StopRequest":
+        if _main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
 LOOPS = ("rl", "sft", "rm", "dpo")  # rlhf/loops/<kind>.py, each with run(spec, cluster, tracker, console, run_dir)
 
 
@@ -53,6 +111,9 @@ def run(spec: Any) -> int:
     t0 = time.perf_counter()
     cluster = tracker = console = None
     status = "FAILED"
+    # SIGTERM gets Ctrl-C's cleanup (the default would end the process with the cluster left up)
+    on_main = _main_thread()
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
     try:
         from rlhf.preflight import check_output_dir, preflight
 
@@ -70,6 +131,8 @@ def run(spec: Any) -> int:
         from rlhf.launch import start_cluster
 
         cluster = start_cluster(spec)
+        if on_main:  # ray.init sets its own SIGTERM handler (sys.exit): ours again
+            signal.signal(signal.SIGTERM, _raise_terminated)
         console.print(f"cluster up in {time.perf_counter() - t0:.1f} s: " + ", ".join(
             f"{r} ×{g.world_size}" for r, g in cluster.groups.items()))
         import importlib
@@ -94,11 +157,12 @@ def run(spec: Any) -> int:
         _close(console)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         status = "KILLED"
         _close(console)
-        print("interrupted: cleaning up", file=sys.stderr)
-        return EXIT_INTERRUPT
+        print("interrupted: cleaning up" if not isinstance(e, Terminated) else "terminated: cleaning up",
+              file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPT
     except Exception as e:
         user = _user_error_inside(e)
         if user is not None:
@@ -112,8 +176,10 @@ def run(spec: Any) -> int:
             return EXIT_FAILURE
         raise
     finally:
-        # a second Ctrl-C during cleanup must not leave actors behind
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        # a second Ctrl-C (or SIGTERM) during cleanup must not leave actors behind
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if on_main else None
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             _close(console)
             if cluster is not None:
@@ -121,8 +187,9 @@ def run(spec: Any) -> int:
             if tracker is not None:
                 tracker.finish(status)
         finally:
-            if old is not None:
-                signal.signal(signal.SIGINT, old)
+            if on_main:
+                signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+                signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
 
 
 def _close(console) -> None:

@@ -77,7 +77,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     ckpt = ckpt_io.manager(spec, run_dir)
     from rlhf.loops.rl_eval import make_evaluator
 
-    evaluator = make_evaluator(spec, cluster, tokenizer, rewards)  # eval.every > 0 and data.eval_files
+    evaluator = make_evaluator(spec, cluster, tokenizer, rewards, console)  # eval.every > 0 and data.eval_files
     history: list[dict[str, float]] = []
     start = 0
     resumed = ckpt_io.latest(spec, run_dir)
@@ -91,6 +91,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
         console.print(f"resumed from {resumed.path} at step {start + 1}")
     _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
     metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
+    from rlhf.run import StopRequest
+
+    stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
         for step in range(start, spec.train.steps):
             ph = Phases()
@@ -159,19 +162,26 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value
-            if evaluator is not None and evaluator.due(step):
+            evaluated = evaluator is not None and evaluator.due(step, ckpt)
+            if evaluated:
                 t_eval = time.perf_counter()
                 m.update(evaluator.run())
                 m["time/eval"] = time.perf_counter() - t_eval
             history.append(m)
             metrics_file.write(json.dumps({"step": step, **m}) + "\n")
             metrics_file.flush()
-            if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1:
+            if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
                 tracker.log(step, m)
             console.step(step, m)
-            maybe_checkpoint(spec, step, cluster, data, ckpt=ckpt, kl_ctl=kl_ctl, history=history,
-                             run_dir=run_dir, console=console)
+            saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
+            maybe_checkpoint(spec, step, cluster, data, **saving)
+            if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
+                if ckpt.last_saved != step + 1:
+                    maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
+                console.print(f"stopped after step {step + 1}: continue with rlhf-run resume={run_dir}")
+                raise stop.exception()
     finally:
+        stop.restore()
         metrics_file.close()
         rewards.close()
         if prefetch is not None:
@@ -453,17 +463,24 @@ def step_metrics(spec, samples: list[Sample], scores: torch.Tensor, parts: dict,
 
 
 def maybe_checkpoint(spec: Any, step: int, cluster: Any, data: Any, ckpt=None, kl_ctl=None, history=None,
-                     run_dir: Optional[str] = None, console=None) -> None:
-    """Checkpoint hook: the full training state every ``checkpoint.every`` steps and at the end
-    (``rlhf.ckpt.training``), and the final HF export ``<run_dir>/final/hf`` at the end."""
+                     run_dir: Optional[str] = None, console=None, force: bool = False) -> None:
+    """Checkpoint hook: the full training state every ``checkpoint.every`` steps, at the end and
+    when ``force`` (a stop on Ctrl-C / SIGTERM) (``rlhf.ckpt.training``), and the final HF export
+    ``<run_dir>/final/hf`` at the end."""
     if ckpt is None:
         return
     done, last = step + 1, spec.train.steps
-    if ckpt.due(done, last):
+    if ckpt.due(done, last) or force:
         state = {"step": done, "data": data.state_dict(), "kl": kl_ctl.state_dict(), "history": list(history)}
         path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics=history[-1] if history else None)
         if console is not None:
             console.print(f"checkpoint: {path}")
+            best = spec.checkpoint.best_metric
+            if best and not force and history and best not in history[-1] and not ckpt.unranked_warned:
+                ckpt.unranked_warned = True
+                console.print(f"warning: checkpoint.best_metric={best} is not a metric of step {done}, so no "
+                              "checkpoint is kept as the best (eval metrics need eval.every > 0; e.g. "
+                              "eval/greedy/reward_mean)")
     if done == last:
         final = ckpt_io.export_final(spec, cluster, run_dir)
         if console is not None:

@@ -6,17 +6,28 @@ temperature / top-p / top-k), scored by the run's reward (functions and reward m
 
     eval/greedy/reward_mean, eval/greedy/pass_rate     greedy: mean score, share scoring >= pass_threshold
     eval/sampled/reward_mean                          mean over all samples
-    eval/pass@k                                       share of prompts with any of k samples passing
+    eval/pass_at_<k>                                  pass@k: share of prompts with any of the k =
+                                                      eval.n_samples samples passing (MLflow allows no "@")
+    eval/prompts                                      how many prompts were evaluated
     eval/<source>/...                                 the same per data source: the row's
                                                       ``data_source`` column, else the file's name
+                                                      (``builtin:keymap/eval`` -> ``keymap/eval``)
 
-Sampling seeds are fixed per eval prompt (not per step), so evaluations differ only by the policy;
-they use no global RNG, so training (and a resumed run) is unaffected by evaluating.
+Eval prompts longer than ``rollout.max_prompt_tokens`` are dropped (as training drops them), with
+a console line. With ``checkpoint.best_metric=eval/...`` an evaluation also runs at every
+checkpoint step that ``eval.every`` misses, so that each checkpoint is ranked by its own weights.
+
+Sampling seeds are fixed per eval prompt (not per step), so evaluations differ only by the policy.
+Evaluating changes no training state: the rollout engines draw from per-sample generators (no
+global RNG), the reward functions run as in training, and nothing of the actor, the reference, the
+data order or the KL controller is touched. A run with evaluation has the same training metrics
+per step as one without (``tests/rl/test_rl_eval.py``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,25 +37,50 @@ from rlhf.data.prompts import read_rows
 from rlhf.workers.rollout import Sample, Sampling
 
 
+def source_name(name: str) -> str:
+    """A data source as a metric-name part: letters, digits, ``_ - . /`` (MLflow's set, no space)."""
+    return re.sub(r"[^\w.\-/]", "_", str(name)).strip("/") or "unknown"
+
+
 class Evaluator:
-    def __init__(self, spec: Any, cluster: Any, tokenizer, rewards):
+    def __init__(self, spec: Any, cluster: Any, tokenizer, rewards, console: Any = None):
         self.spec, self.cluster, self.tokenizer, self.rewards = spec, cluster, tokenizer, rewards
         rows: list[dict] = []
         for f in spec.data.eval_files:
-            source = Path(f.split(":", 1)[-1]).stem if not f.startswith("builtin:") else f.split(":", 1)[1]
+            source = f.split(":", 1)[1] if f.startswith("builtin:") else Path(f).stem
             for r in read_rows(f, spec.data.prompt_key):
-                rows.append({**r, "data_source": r.get("data_source") or source})
+                rows.append({**r, "data_source": source_name(r.get("data_source") or source)})
+        from rlhf.preflight import long_prompt_filter
+
+        keep = long_prompt_filter(spec, tokenizer)
+        fit = [r for r in rows if keep(r)]
+        if len(fit) < len(rows) and console is not None:
+            console.print(f"eval: dropped {len(rows) - len(fit)} prompts longer than rollout.max_prompt_tokens="
+                          f"{spec.rollout.max_prompt_tokens}")
+        if rows and not fit:
+            from rlhf.spec.errors import UserError
+
+            raise UserError(f"every prompt of data.eval_files is longer than rollout.max_prompt_tokens="
+                            f"{spec.rollout.max_prompt_tokens}. Raise it, or give shorter eval prompts.")
+        rows = fit
         if spec.eval.max_prompts is not None:
             rows = rows[: spec.eval.max_prompts]
         self.rows = rows
         from rlhf.loops.rl import tokenize_prompts
 
         self.prompt_ids = tokenize_prompts(spec, tokenizer, rows)
+        best = spec.checkpoint.best_metric
+        self.at_checkpoints = bool(best) and best.startswith("eval/")
 
-    def due(self, step: int) -> bool:
-        """After ``step`` (0-based): every ``eval.every`` steps and after the last one."""
-        every = self.spec.eval.every
-        return every > 0 and ((step + 1) % every == 0 or step + 1 == self.spec.train.steps)
+    def due(self, step: int, ckpt: Any = None) -> bool:
+        """After ``step`` (0-based): every ``eval.every`` steps and after the last one; also when
+        checkpoint ``ckpt`` saves after this step and ranks checkpoints by an eval/ metric."""
+        every, done = self.spec.eval.every, step + 1
+        if every <= 0:
+            return False
+        if done % every == 0 or done == self.spec.train.steps:
+            return True
+        return self.at_checkpoints and ckpt is not None and ckpt.due(done, self.spec.train.steps)
 
     def _generate(self, sampling: Sampling) -> list[Sample]:
         import ray
@@ -98,12 +134,12 @@ def _metrics(prefix: str, greedy: torch.Tensor, sampled: torch.Tensor, threshold
         f"{prefix}/greedy/reward_mean": float(greedy.mean()),
         f"{prefix}/greedy/pass_rate": float((greedy >= threshold).float().mean()),
         f"{prefix}/sampled/reward_mean": float(sampled.mean()),
-        f"{prefix}/pass@{k}": float((sampled >= threshold).any(dim=1).float().mean()),
+        f"{prefix}/pass_at_{k}": float((sampled >= threshold).any(dim=1).float().mean()),
         f"{prefix}/prompts": float(greedy.numel()),
     }
 
 
-def make_evaluator(spec: Any, cluster: Any, tokenizer, rewards) -> Optional[Evaluator]:
+def make_evaluator(spec: Any, cluster: Any, tokenizer, rewards, console: Any = None) -> Optional[Evaluator]:
     if spec.eval.every <= 0 or not spec.data.eval_files:
         return None
-    return Evaluator(spec, cluster, tokenizer, rewards)
+    return Evaluator(spec, cluster, tokenizer, rewards, console)
