@@ -174,6 +174,9 @@ def preflight(spec: Any, console: Any = None) -> Any:
         first = read_rows(spec.data.train_files[0], spec.data.prompt_key) if spec.data.train_files else []
         tok = check_model(spec, needs_chat_template(spec, first))
         over = check_prompts(spec, tok)
+        if spec.eval.every > 0:  # eval prompts: readable, the prompt column, every row (rlhf.loops.rl_eval)
+            for name in spec.data.eval_files:
+                check_prompt_rows(name, read_rows(name, spec.data.prompt_key), spec.data.prompt_key)
         check_rewards(spec)
         n = sum(over.values())
         if n and console is not None:
