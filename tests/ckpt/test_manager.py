@@ -41,3 +41,28 @@ def test_due_every_and_at_end():
     assert [s for s in range(1, 11) if m.due(s, 10)] == [3, 6, 9, 10]
     m0 = CheckpointManager("/nonexistent", every=0, keep_last=1)
     assert [s for s in range(1, 11) if m0.due(s, 10)] == [10]
+
+
+def test_saving_a_step_again_leaves_no_moment_without_it(tmp_path):
+    m = CheckpointManager(tmp_path, every=1, keep_last=1)
+    _save(m, 5)
+    # a save of step 5 again, stopped right after the old one was set aside (before the new one moved in)
+    os.replace(m.root / "step_00000005", m.root / "step_00000005.replaced")
+    assert find_latest(tmp_path).step == 5 and find_latest(tmp_path).path.name == "step_00000005.replaced"
+    _save(m, 5)  # done properly: the new one in place, the one set aside removed
+    assert sorted(p.name for p in m.root.iterdir()) == ["step_00000005"]
+    assert m.last_saved == 5 and (m.root / "step_00000005" / "driver.pt").read_bytes() == b"x" * 5
+
+
+def test_save_interrupted_midway_keeps_the_previous_one(tmp_path):
+    m = CheckpointManager(tmp_path, every=1, keep_last=1)
+    _save(m, 1)
+    tmp = m.begin(2)
+    try:
+        (tmp / "driver.pt").write_bytes(b"half")
+        raise KeyboardInterrupt  # a second Ctrl-C while the workers write their state
+    except KeyboardInterrupt:
+        pass
+    assert find_latest(tmp_path).step == 1 and m.last_saved == 1
+    _save(m, 3)  # the next save cleans up the abandoned .tmp
+    assert sorted(p.name for p in m.root.iterdir()) == ["step_00000003"]

@@ -4,8 +4,12 @@
   the actor's or a rollout engine's Ray worker process at step 3. The driver names the role that
   died, exits 1, leaves the step-2 checkpoint intact, and no actor or placement group of the run
   is left; a rerun of the same run dir continues from that checkpoint (auto-resume).
-* Ctrl-C: ``rlhf-run`` in a subprocess gets SIGINT after its first step: exit 130, "interrupted",
-  and no process of its Ray (raylet, workers) is left (found by a marker in their environment).
+* Ctrl-C: ``rlhf-run`` (``checkpoint.every=0``) in a subprocess gets SIGINT after its second
+  step: it finishes the step it is in, checkpoints it, exits 130 ("interrupted"), and no process of
+  its Ray (raylet, workers) is left (found by a marker in their environment); ``resume=`` of the run
+  dir continues from that checkpoint to the end. The SIGINT/SIGTERM handling itself
+  (``rlhf.run.StopRequest``: first signal = stop after the step, second = stop now) is tested
+  without a run.
 """
 
 from __future__ import annotations
@@ -103,13 +107,41 @@ def _marked_pids(marker: str) -> list[int]:
     return out
 
 
-def test_ctrl_c_exits_130_and_leaves_no_ray_process(rl_env, tmp_path):
+def test_stop_request_first_signal_waits_second_stops_now():
+    from rlhf.run import StopRequest, Terminated
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stop = StopRequest().install()
+    try:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: recorded, nothing raised
+        for _ in range(100):
+            if stop.requested:
+                break
+            time.sleep(0.01)
+        assert stop.requested and isinstance(stop.exception(), Terminated)
+        with pytest.raises(KeyboardInterrupt) as e:  # the second: at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        assert not isinstance(e.value, Terminated)
+    finally:
+        stop.restore()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+STOP_AFTER = 2  # SIGINT once this many steps are in metrics.jsonl
+
+
+def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes(rl_env, tmp_path, capsys):
+    from rlhf.ckpt import find_latest
+
     marker = f"RLHF_RELIABILITY_MARK={os.getpid()}_{time.time_ns()}"
     env = dict(os.environ, RLHF_RELIABILITY_MARK=marker.split("=", 1)[1], RLHF_CACHE=str(rl_env),
                PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlhf.cli", *TOY, "train.steps=200", f"output_dir={out}",
+    args = [a for a in TOY if not a.startswith("checkpoint.every=")]  # no periodic checkpoint: only Ctrl-C's
+    cmd = [sys.executable, "-m", "rlhf.cli", *args, "train.steps=200", f"output_dir={out}",
            "tracking.console=plain", "ray.num_cpus=2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=str(Path(__file__).resolve().parents[2]))
@@ -117,13 +149,13 @@ def test_ctrl_c_exits_130_and_leaves_no_ray_process(rl_env, tmp_path):
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and metrics.read_text().count("\n") >= 1:
+            if metrics.exists() and metrics.read_text().count("\n") >= STOP_AFTER:
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert marker.split("=", 1)[1] and _marked_pids(marker)  # its Ray processes are there
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        stdout, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -137,4 +169,21 @@ def test_ctrl_c_exits_130_and_leaves_no_ray_process(rl_env, tmp_path):
     left = _marked_pids(marker)
     assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(len(steps))) and len(steps) < 200
+    assert steps == list(range(len(steps))) and STOP_AFTER <= len(steps) < 200
+    # the step under way when the signal came was finished and checkpointed: the last one logged
+    last = find_latest(out)
+    assert last is not None and last.step == len(steps), (last, len(steps))
+    assert (last.path / "driver.pt").is_file() and not list((out / "checkpoints").glob("*.tmp"))
+    assert f"stopped after step {last.step}: continue with rlhf-run resume={out}" in stdout
+    assert not (out / "final").exists()  # not the end of the run: no final export
+
+    # resume= continues from it (here to two steps more than were done) and ends like any run
+    from rlhf.cli import main
+
+    capsys.readouterr()
+    end = last.step + 2
+    assert main([f"resume={out}", f"train.steps={end}", "tracking.console=plain"]) == 0
+    assert f"resumed from {last.path} at step {last.step + 1}" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(end))
+    assert find_latest(out).step == end and (out / "final" / "hf" / "config.json").is_file()
