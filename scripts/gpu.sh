@@ -11,6 +11,8 @@
 # With one GPU every job runs on GPU 0, in priority order. Every job starts its own Ray cluster
 # (RAY_ADDRESS=local); what a job leaves running is ended by its tag when it returns.
 #
+# bench-e2e-trl (BENCHMARKS.md §4) needs TRL in the bundle: EXTRA="trl==1.16.0" bash ../shared/gpu/build-bundle.sh.
+#
 # Results ($OUT, else /tmp/rlhf-gpu/out): log (this script's output), lane0.log, lane1.log,
 # both.log (the jobs' output), results.jsonl (every figure measured, one JSON per line),
 # bench.json (the benchmark tables), summary.txt (jobs, exit codes, seconds).
@@ -47,6 +49,7 @@ JOBS=$(cat <<'T'
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
+bench-e2e-trl|0|560|$PY -m bench.e2e_trl
 bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
 bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
 bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework
@@ -80,7 +83,7 @@ run_job() {  # name timeout gpus command
   (( t > left )) && t=$left
   local tag="rj$RANDOM$RANDOM" t0=$(date +%s)
   echo "=== JOB $name start $(date +%T) timeout ${t}s GPUs $gpus"
-  CUDA_VISIBLE_DEVICES=$gpus RLHF_JOB_TAG=$tag RAY_TMPDIR=/tmp/$tag PYTEST="$PYTEST" PY=$PY \
+  CUDA_VISIBLE_DEVICES=$gpus RLHF_JOB_TAG=$tag RAY_TMPDIR=/tmp/$tag PYTEST="$PYTEST" PY=$PY JOB_TIMEOUT_S=$t \
     timeout -k 10 "$t" bash -c "$cmd"
   local rc=$?
   kill_tag "$tag"; rm -rf "/tmp/$tag"
@@ -132,6 +135,7 @@ echo; echo "tables:"
 for f in "$OUT"/lane0.log "$OUT"/lane1.log "$OUT"/both.log; do
   [ -f "$f" ] && grep -E -A12 "^(rollout,|weight sync,|actor update,)" "$f" | grep -v "^--$"
 done
+grep -h -A26 "^e2e GRPO step" "$OUT"/lane0.log 2>/dev/null
 grep -h "^RESULT" "$OUT"/*.log 2>/dev/null | grep -E '"name": "(greedy_|ipc_sync|nccl_sync|sleep_level|logprob_mismatch|grpo)' \
   | cut -c1-400
 echo "gpu.sh done in $(( $(date +%s) - START )) s"
