@@ -4,10 +4,12 @@
   the actor's or a rollout engine's Ray worker process at step 3. The driver names the role that
   died, exits 1, leaves the step-2 checkpoint intact, and no actor or placement group of the run
   is left; a rerun of the same run dir continues from that checkpoint (auto-resume).
-* Ctrl-C: ``rlhf-run`` (``checkpoint.every=0``) in a subprocess gets SIGINT after its second
-  step: it finishes the step it is in, checkpoints it, exits 130 ("interrupted"), and no process of
-  its Ray (raylet, workers) is left (found by a marker in their environment); ``resume=`` of the run
-  dir continues from that checkpoint to the end. The SIGINT/SIGTERM handling itself
+* Ctrl-C: ``rlhf-run recipe=grpo_tiny`` at toy size (``checkpoint.every=0``) in a subprocess gets
+  SIGINT after its second step: it finishes the step it is in, checkpoints it, exits 130
+  ("interrupted"), and no process of its Ray (raylet, workers) is left (found by a marker in their
+  environment); ``resume=`` of the run dir continues from that checkpoint to the end (exit 0,
+  metrics, checkpoint, final/hf). This is also the run of the grpo_tiny recipe that
+  tests/recipes/test_recipes.py counts on. The SIGINT/SIGTERM handling itself
   (``rlhf.run.StopRequest``: first signal = stop after the step, second = stop now) is tested
   without a run.
 """
@@ -140,7 +142,8 @@ def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes
                PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     out = tmp_path / "run"
-    args = [a for a in TOY if not a.startswith("checkpoint.every=")]  # no periodic checkpoint: only Ctrl-C's
+    # the grpo_tiny recipe at toy size, no periodic checkpoint: the only one is Ctrl-C's
+    args = ["recipe=grpo_tiny"] + [a for a in TOY if not a.startswith(("checkpoint.every=", "algo="))]
     cmd = [sys.executable, "-m", "rlhf.cli", *args, "train.steps=200", f"output_dir={out}",
            "tracking.console=plain", "ray.num_cpus=2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -1,0 +1,64 @@
+"""Recipes (``recipes/*.yaml``): every one plans cleanly, every CPU one runs at toy size.
+
+Planning is ``tests/cli/test_cli_main.py::test_every_recipe_plans`` (each recipe, ``--plan``).
+The CPU recipes are run where a run of them already serves other assertions, so that no recipe
+costs a cluster start of its own:
+
+    grpo_tiny                     tests/reliability/test_faults.py (Ctrl-C, then resume= to the end)
+    dpo_tiny                      tests/pref/test_pref_pipeline.py::test_dpo_preference_accuracy
+    pipeline_sft/_rm/_ppo         tests/pref/test_pref_pipeline.py (the module's pipeline fixture,
+                                  each stage reading the previous one's final/hf)
+
+The test here (no Ray, about a second) finds the CPU recipes by composing every recipe and fails
+when one has no run in that table, or the named test no longer runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from rlhf import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = {  # CPU recipe -> (test file, test function or fixture that runs it with recipe=<name>)
+    "grpo_tiny": ("tests/reliability/test_faults.py",
+                  "test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes"),
+    "dpo_tiny": ("tests/pref/test_pref_pipeline.py", "test_dpo_preference_accuracy"),
+    "pipeline_sft": ("tests/pref/test_pref_pipeline.py", "pipeline"),
+    "pipeline_rm": ("tests/pref/test_pref_pipeline.py", "pipeline"),
+    "pipeline_ppo": ("tests/pref/test_pref_pipeline.py", "pipeline"),
+}
+
+
+def _accelerator(recipe: str) -> str:
+    spec = cli.build_spec(cli.compose([f"recipe={recipe}"]), [f"recipe={recipe}"], plan=True)
+    return spec.hardware.accelerator
+
+
+def _strings_in(fn: ast.AST) -> str:
+    """Every string constant (f-string parts included) in a function's body, joined."""
+    return " ".join(n.value for n in ast.walk(fn) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
+def test_every_cpu_recipe_has_a_run():
+    cpu = sorted(r for r in cli.group_options("recipe") if _accelerator(r) == "cpu")
+    assert cpu, "no CPU recipe found"
+    missing = [r for r in cpu if r not in RUNS]
+    assert not missing, f"CPU recipes without a toy-size run: {missing}; run each in a test, add it to RUNS"
+    assert sorted(RUNS) == cpu, f"RUNS names recipes that are not CPU recipes: {sorted(set(RUNS) - set(cpu))}"
+
+
+@pytest.mark.parametrize("recipe", sorted(RUNS))
+def test_the_named_test_runs_the_recipe(recipe):
+    path, name = RUNS[recipe]
+    tree = ast.parse((ROOT / path).read_text())
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert len(fns) == 1, f"{path} has no function {name}"
+    text = _strings_in(fns[0])
+    # recipe=<name> literally, or recipe=pipeline_{stage} over the stages (tests/pref's pipeline fixture)
+    stem, _, stage = recipe.rpartition("_")
+    assert f"recipe={recipe}" in text or (f"recipe={stem}_" in text and f"{stage}" in text.split()), \
+        (path, name, recipe)
