@@ -291,10 +291,10 @@ class TrackingSpec(Frozen):
 
 @dataclass
 class CheckpointSpec(Frozen):
-    every: int = 0  # steps; 0 = only at the end
+    every: int = 0  # steps; 0 = only at the end (and at a stop by Ctrl-C / SIGTERM)
     keep_last: int = 2
     save_hf: bool = True  # an HF-format export of each trained role inside every checkpoint
-    best_metric: Optional[str] = None  # a metric (e.g. eval/reward/mean): its best checkpoint survives rotation
+    best_metric: Optional[str] = None  # e.g. eval/greedy/reward_mean: its best (highest) checkpoint survives rotation
 
 
 @dataclass
