@@ -212,14 +212,18 @@ def _dead_worker(e: BaseException, cluster) -> str | None:
     if not isinstance(e, RayActorError):
         return None
     actor_id = getattr(e, "actor_id", None)
-    role, rank = "a", None
+    roles, rank = [], None  # several roles when one process held them (CPU hybrid)
     if cluster is not None and actor_id:
         for name, group in cluster.groups.items():
             for r, w in enumerate(group.workers):
                 if w._actor_id.hex() == actor_id:
-                    role, rank = name, r
+                    roles.append(name)
+                    rank = r
     cause = str(e).strip().split("\n")[0][:300]
-    who = f"the {role} worker (rank {rank})" if rank is not None else "a worker process"
+    if len(roles) > 1:
+        who = f"the process holding the {', '.join(roles[:-1])} and {roles[-1]} workers (rank {rank})"
+    else:
+        who = f"the {roles[0]} worker (rank {rank})" if roles else "a worker process"
     ckpt = ""
     if cluster is not None:
         try:

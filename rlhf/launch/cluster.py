@@ -5,6 +5,9 @@ one ActorGroup per role.
   takes a fraction of it (1 / number of roles on the device), so all roles share every device.
 * disaggregated: a placement group per role over that role's own devices.
 
+On CPU, hybrid runs put every role's rank i in ONE process (``rlhf.launch.colocate``): the roles
+take turns on the same cores anyway, and each extra process costs seconds of imports.
+
 On CPU a "device" is a worker slot: a bundle of 1 CPU. Ray is started with at least as many
 logical CPUs as slots (logical CPUs only gate scheduling; the processes share the real cores).
 """
@@ -18,7 +21,8 @@ from typing import Any, Optional
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from rlhf.launch.group import ActorGroup, worker_env
+from rlhf.launch.colocate import Host, RoleHandle, can_colocate
+from rlhf.launch.group import ActorGroup, spawn, worker_env
 
 ROLE_CLASSES = {
     "actor": ("rlhf.workers.train", "PolicyWorker"),
@@ -133,7 +137,16 @@ def _role_devices(spec: Any) -> dict[str, tuple[int, ...]]:
 def _place(spec: Any, cluster: Cluster) -> None:
     devices = _role_devices(spec)
     unit = "CPU" if spec.device == "cpu" else "GPU"
-    if spec.layout.mode == "hybrid":
+    if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there
+        n = spec.layout.total_devices
+        pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
+        cluster.placement_groups.append(pg)
+        ray.get(pg.ready(), timeout=120)
+        hosts = [spawn(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in devices})
+                 for d in range(n)]
+        for role in devices:
+            cluster.groups[role] = ActorGroup.of_handles(role, [RoleHandle(h, role) for h in hosts])
+    elif spec.layout.mode == "hybrid":
         n = spec.layout.total_devices
         pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
         cluster.placement_groups.append(pg)

@@ -29,6 +29,23 @@ def worker_env(spec: Any) -> dict[str, str]:
     return env
 
 
+def spawn(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float], *args):
+    """Start ``cls(spec, *args)`` as a Ray actor on bundle ``bundle`` of placement group ``pg``."""
+    opts: dict = {
+        "num_cpus": resources.get("CPU", 0),
+        "num_gpus": resources.get("GPU", 0),
+        "runtime_env": {"env_vars": worker_env(spec)},
+        "name": None,
+        "max_concurrency": 1,
+    }
+    if pg is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=False)
+    return ray.remote(cls).options(**opts).remote(spec, *args)
+
+
 class ActorGroup:
     """``world_size`` actors of ``worker_cls``, rank i on ``slots[i]`` = (placement group, bundle).
 
@@ -41,24 +58,15 @@ class ActorGroup:
                  resources: dict[str, float]):
         self.role = role
         self.world_size = len(slots)
-        remote_cls = ray.remote(worker_cls)
-        env = worker_env(spec)
-        self.workers = []
-        for rank, (pg, bundle) in enumerate(slots):
-            opts: dict = {
-                "num_cpus": resources.get("CPU", 0),
-                "num_gpus": resources.get("GPU", 0),
-                "runtime_env": {"env_vars": env},
-                "name": None,
-                "max_concurrency": 1,
-            }
-            if pg is not None:
-                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        self.workers = [spawn(worker_cls, spec, pg, bundle, resources, role, rank, self.world_size)
+                        for rank, (pg, bundle) in enumerate(slots)]
 
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle,
-                    placement_group_capture_child_tasks=False)
-            self.workers.append(remote_cls.options(**opts).remote(spec, role, rank, self.world_size))
+    @classmethod
+    def of_handles(cls, role: str, handles: Sequence[Any]) -> "ActorGroup":
+        """A group over handles made elsewhere (``rlhf.launch.colocate.RoleHandle``)."""
+        group = cls.__new__(cls)
+        group.role, group.world_size, group.workers = role, len(handles), list(handles)
+        return group
 
     def start(self) -> list:
         """Async: join the process group and load models. ``ray.get`` the result to wait."""
@@ -80,9 +88,11 @@ class ActorGroup:
         return ray.get(self.scatter_async(method, shards, *args, **kwargs))
 
     def kill(self) -> None:
+        from rlhf.launch.colocate import RoleHandle
+
         for w in self.workers:
             try:
-                ray.kill(w, no_restart=True)
+                ray.kill(w.host if isinstance(w, RoleHandle) else w, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
         self.workers = []

@@ -48,7 +48,7 @@ def reward(prompts, responses, **meta):
     if ARM.exists() and CALLS[0] == 3:  # step 3, after generation, before the update
         for p in psutil.Process(os.getpid()).children(recursive=True):
             try:
-                if " ".join(p.cmdline()).startswith("ray::{cls}"):
+                if " ".join(p.cmdline()).startswith(("ray::{cls}", "ray::Host")):
                     os.kill(p.pid, signal.SIGKILL)
             except psutil.Error:
                 pass
@@ -58,6 +58,7 @@ def reward(prompts, responses, **meta):
 
 @pytest.mark.parametrize("role,cls,resume", [
     ("actor", "PolicyWorker", False),
+    # a process per role (disaggregated): the line names the rollout engine alone
     pytest.param("rollout", "RolloutWorker", False, marks=pytest.mark.slow),
     pytest.param("actor", "PolicyWorker", True, marks=pytest.mark.slow),  # kill, then resume: two runs
 ], ids=["actor", "rollout", "actor-then-resume"])
@@ -68,12 +69,17 @@ def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, c
     killer.write_text(KILLER.format(arm=str(arm), cls=cls))
     out = tmp_path / "run"
     args = TOY + ["train.steps=4", f"reward.functions=[{{fn: '{killer}:reward'}}]"]
+    if role == "rollout":
+        args += ["placement=disaggregated", "hardware.devices_per_node=3"]
     before = snapshot()
     code, rows = run_rl(args, out)
     err = capsys.readouterr().err
     assert code == 1, err
     line = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    assert len(line) == 1 and f"the {role} worker (rank 0) died during the run" in line[0], err
+    # CPU hybrid holds every role in one process per device (rlhf.launch.colocate): killing the
+    # actor's process kills the rollout engine's too, and the line names both
+    assert len(line) == 1 and "(rank 0) died during the run" in line[0], err
+    assert role in line[0].split("died")[0], err
     assert "Traceback" not in err
     assert len(rows) == 2  # steps 1 and 2 finished
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
