@@ -93,7 +93,10 @@ def base_name(name: str) -> str:
 def merge_weight(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
     """``W + scale · B @ A`` as a new tensor in ``W``'s dtype (computed in float32 or wider)."""
     acc = torch.promote_types(w.dtype, torch.float32)
-    return (w.to(acc) + scale * (b.to(acc) @ a.to(acc))).to(w.dtype)
+    # on GPU the hybrid placement offloads the trained adapters to host memory between updates
+    # while the frozen base weight stays on the device: compute where W is
+    a, b = a.to(w.device, acc), b.to(w.device, acc)
+    return (w.to(acc) + scale * (b @ a)).to(w.dtype)
 
 
 @dataclass
