@@ -8,13 +8,15 @@ A checkpoint ``<run_dir>/checkpoints/step_XXXXXXXX/`` (written atomically by Che
     actor/rng_rank<r>.pt   each rank's RNG (torch, python, numpy)
     critic/...       the same for PPO's critic
     actor/hf, critic/hf    HF-format exports (``checkpoint.save_hf``), from_pretrained-ready
+    actor/adapter    with model.lora: the adapter (peft), beside actor/hf (the merged weights); the
+                     DeepSpeed checkpoint then holds only the adapters (the frozen weights are the model's)
 
 The rollout engines hold no state of their own: their sampling seeds are derived from the run
 seed, the step and the prompt (``rlhf.loops.rl.sampling_for``), and their weights come from the
 actor by a weight sync right after restoring. Reference and reward model are frozen.
 
 At the end of every run ``<run_dir>/final/hf`` is the policy (and ``final/critic_hf`` PPO's
-critic), the same contract as the sft/rm/dpo loops.
+critic; ``final/adapter`` a LoRA policy's adapter), the same contract as the sft/rm/dpo loops.
 """
 
 from __future__ import annotations
