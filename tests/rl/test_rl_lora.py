@@ -23,16 +23,21 @@ RANK, ALPHA = 4, 8.0
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _tiny_lora_model(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _tiny_lora_model(seed: int = 0, arch: str = "llama"):
+    """A tiny Llama, or a Qwen2 (attention biases, tied embeddings), with LoRA on every projection."""
+    import transformers
 
     from rlhf.models.lora import apply_lora
     from rlhf.spec.schema import LoraSpec
 
-    cfg = LlamaConfig(vocab_size=22, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
+    dims = dict(vocab_size=22, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2)
+    if arch == "qwen2":
+        cfg, cls = transformers.Qwen2Config(**dims, tie_word_embeddings=True), transformers.Qwen2ForCausalLM
+    else:
+        cfg, cls = transformers.LlamaConfig(**dims), transformers.LlamaForCausalLM
     torch.manual_seed(seed)
-    base = LlamaForCausalLM(cfg)
+    base = cls(cfg)
     initial = {k: v.clone() for k, v in base.state_dict().items()}
     model = apply_lora(base, LoraSpec(rank=RANK, alpha=ALPHA, target_modules=list(TARGETS)), seed=seed)
     return cfg, model, initial
@@ -67,15 +72,16 @@ def _reference_merge(model, cfg) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_merged_weights_equal_w_plus_scaled_ba():
-    from transformers import LlamaForCausalLM
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_merged_weights_equal_w_plus_scaled_ba(arch):
+    from transformers import AutoModelForCausalLM
 
     from rlhf.models.lora import merged_state_dict
     from rlhf.workers.buckets import pack, unpack
     from rlhf.workers.sync_cuda import WeightSource
     from rlhf.workers.train import PolicyWorker
 
-    cfg, model, initial = _tiny_lora_model()
+    cfg, model, initial = _tiny_lora_model(arch=arch)
     _train_a_few_steps(model)
     model.eval()
     ref = _reference_merge(model, cfg)
@@ -100,7 +106,9 @@ def test_merged_weights_equal_w_plus_scaled_ba():
     assert merged_state_dict(model).keys() == merged.keys()
 
     # a base model with the merged weights computes what the LoRA model computes
-    plain = LlamaForCausalLM(cfg).eval()
+    plain = AutoModelForCausalLM.from_config(cfg).eval()
+    if arch == "qwen2":
+        assert any(k.endswith("q_proj.bias") for k in merged) and plain.lm_head.weight is plain.model.embed_tokens.weight
     plain.load_state_dict(merged, strict=True)
     ids = torch.randint(0, 22, (3, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
