@@ -11,7 +11,10 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlhf-installed
 ARGS   ?=
-PYTEST_ARGS ?= -q
+# Two pytest workers (pytest-xdist), whole files each (module fixtures share one run): an
+# end-to-end run keeps about one core busy, so on 2 cores two of them nearly halve the suite.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install run plan test test-slow clean
 

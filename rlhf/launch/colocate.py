@@ -24,7 +24,7 @@ from typing import Any
 def can_colocate(spec: Any) -> bool:
     """CPU, hybrid, no async rollouts, every role on every device with one rank per device."""
     layout = spec.layout
-    if spec.device != "cpu" or layout.mode != "hybrid" or spec.algo.async_steps:
+    if spec.device != "cpu" or layout.mode != "hybrid" or getattr(spec.algo, "async_steps", 0):
         return False
     every = tuple(range(layout.total_devices))
     for role in spec.roles:
@@ -47,6 +47,15 @@ class Host:
 
     def call(self, role: str, method: str, *args, **kwargs):
         return getattr(self.workers[role], method)(*args, **kwargs)
+
+    def release(self, role: str) -> int:
+        """Drop one role's worker (its models and engine) and return how many roles remain; the
+        launcher kills the host when none do."""
+        import gc
+
+        self.workers.pop(role, None)
+        gc.collect()
+        return len(self.workers)
 
 
 class _RemoteMethod:
@@ -77,3 +86,7 @@ class RoleHandle:
     @property
     def host(self):
         return self._host
+
+    @property
+    def role(self) -> str:
+        return self._role

@@ -88,11 +88,25 @@ class ActorGroup:
         return ray.get(self.scatter_async(method, shards, *args, **kwargs))
 
     def kill(self) -> None:
+        """Kill this group's processes (a colocated host with every role it holds)."""
         from rlhf.launch.colocate import RoleHandle
 
         for w in self.workers:
             try:
                 ray.kill(w.host if isinstance(w, RoleHandle) else w, no_restart=True)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001  (dead already)
                 pass
+        self.workers = []
+
+    def release(self) -> None:
+        """Free this role's workers mid-run (DPO's reference once its log-probs are computed): a
+        colocated host drops only this role's objects and dies with its last role."""
+        from rlhf.launch.colocate import RoleHandle
+
+        if not any(isinstance(w, RoleHandle) for w in self.workers):
+            return self.kill()
+        left = ray.get([w.host.release.remote(w.role) for w in self.workers])
+        for w, n in zip(self.workers, left):
+            if n == 0:
+                ray.kill(w.host, no_restart=True)
         self.workers = []

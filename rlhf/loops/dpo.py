@@ -60,7 +60,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
         ref_train, ref_eval = logps(cluster.reference, pairs), logps(cluster.reference, eval_pairs)
         console.print(f"reference log-probs: {len(pairs)} train + {len(eval_pairs)} held-out pairs "
                       "(reference workers released)")
-        cluster.groups.pop("reference").kill()  # its memory goes back to the actor (hybrid placement)
+        cluster.groups.pop("reference").release()  # its memory goes back to the actor (hybrid placement)
 
     def evaluate() -> dict[str, float]:
         pol = logps(cluster.actor, eval_pairs)

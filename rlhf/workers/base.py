@@ -44,6 +44,12 @@ def skip_unused_imports() -> None:
 
     if "mlflow" not in sys.modules:
         sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    skip_sklearn()
+
+
+def skip_sklearn() -> None:
+    """transformers imports scikit-learn (~4 s) for assisted generation, which no process of ours
+    uses; the driver calls this too, before its first tokenizer load."""
     try:
         import transformers.utils as tu
 

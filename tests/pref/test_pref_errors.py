@@ -12,11 +12,20 @@ from rlhf.cli import main
 
 @pytest.fixture
 def no_ray():
+    """The run must fail before it starts Ray, or, where this test process already holds a Ray
+    (another module's session fixture), before it creates any actor or placement group."""
     import ray
 
-    assert not ray.is_initialized()
+    if not ray.is_initialized():
+        yield
+        assert not ray.is_initialized(), "the run started Ray before finding the data error"
+        return
+    from ray._private import state
+
+    actors, pgs = set(state.actors()), set(ray.util.placement_group_table())
     yield
-    assert not ray.is_initialized(), "the run started Ray before finding the data error"
+    assert set(state.actors()) == actors, "the run started workers before finding the data error"
+    assert set(ray.util.placement_group_table()) == pgs, "the run reserved resources before finding the data error"
 
 
 def _err(capsys) -> str:
