@@ -675,6 +675,16 @@ def versions() -> dict:
     return out
 
 
+
+def with_status(out: dict, done: int, n: int, end: dict, label: str) -> dict:
+    """``out`` with its side's status line; a side that fell short prints its log's last lines."""
+    if done >= n:
+        out["status"] = f"ok, {done} steps"
+    else:
+        out["status"] = f"FAILED ({end['how']}) after {done} of {n} steps; log {end['log']}"
+        say(f"[{label}] last lines:\n{tail(end['log'])}")
+    return out
+
 def summarize(steps: list[dict], warmup: int) -> dict:
     timed = steps[warmup:]
     out: dict[str, Any] = {"timed_steps": len(timed), "all_steps": len(steps)}
@@ -890,12 +900,7 @@ def run_ours(a, model: str, prompts_file: str, work: Path, timeout: float, sampl
     rows = ours_rows(metrics)
     steps = [ours_step(r, samples) for r in rows]
     out = {"end": end, "steps": steps, "summary": summarize(steps, a.warmup), "first_step_s": first.get("t")}
-    if len(steps) >= n:
-        out["status"] = f"ok, {len(steps)} steps"
-    else:
-        out["status"] = f"FAILED ({end['how']}) after {len(steps)} of {n} steps; log {end['log']}"
-        say(f"[ours] last lines:\n{tail(end['log'])}")
-    return out
+    return with_status(out, len(steps), n, end, "ours")
 
 
 def run_trl(a, model: str, prompts_file: str, work: Path, timeout: float, deadline: float) -> dict:
@@ -945,12 +950,7 @@ def _trl_once(a, model: str, prompts_file: str, work: Path, timeout: float, use_
     out = {"end": end, "steps": steps, "summary": summarize(steps, a.warmup),
            "events": [e for e in events if e.get("event") != "step"],
            "first_step_s": steps[0]["since_start_s"] if steps else None}
-    if len(steps) >= n:
-        out["status"] = f"ok, {len(steps)} steps"
-    else:
-        out["status"] = f"FAILED ({end['how']}) after {len(steps)} of {n} steps; log {end['log']}"
-        say(f"[trl{suffix}] last lines:\n{tail(end['log'])}")
-    return out
+    return with_status(out, len(steps), n, end, f"trl{suffix}")
 
 
 if __name__ == "__main__":

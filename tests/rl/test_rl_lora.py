@@ -56,6 +56,19 @@ def _train_a_few_steps(model, steps: int = 3) -> None:
         opt.zero_grad()
 
 
+def _sent(src) -> dict[str, torch.Tensor]:
+    """What the GPU transports would send: every bucket of ``src`` packed and unpacked again."""
+    from rlhf.workers.buckets import pack, unpack
+
+    sent = {}
+    for b in src.buckets:
+        buf = torch.empty(src.max_bucket_bytes, dtype=torch.uint8)
+        with src.gathered(b) as tensors:
+            pack(b, tensors, buf)
+        sent.update({name: t.clone() for name, t in unpack(buf, b.metas)})
+    return sent
+
+
 def _reference_merge(model, cfg) -> dict[str, torch.Tensor]:
     """W + (alpha/r)·B@A in float64, read from each peft LoRA module's lora_A / lora_B."""
     out = {}
@@ -77,7 +90,6 @@ def test_merged_weights_equal_w_plus_scaled_ba(arch):
     from transformers import AutoModelForCausalLM
 
     from rlhf.models.lora import merged_state_dict
-    from rlhf.workers.buckets import pack, unpack
     from rlhf.workers.sync_cuda import WeightSource
     from rlhf.workers.train import PolicyWorker
 
@@ -117,12 +129,7 @@ def test_merged_weights_equal_w_plus_scaled_ba(arch):
     # the GPU transports: WeightSource packs the same tensors, bucket by bucket, under the same names
     src = WeightSource(model, bucket_bytes=8192, dtype=torch.float32)
     assert len(src.buckets) > 1 and not src.zero3
-    sent = {}
-    for b in src.buckets:
-        buf = torch.empty(src.max_bucket_bytes, dtype=torch.uint8)
-        with src.gathered(b) as tensors:
-            pack(b, tensors, buf)
-        sent.update({name: t.clone() for name, t in unpack(buf, b.metas)})
+    sent = _sent(src)
     assert set(sent) == {n for n, _ in plain.named_parameters()}
     for k, v in sent.items():
         assert torch.equal(v, merged[k]), k
@@ -255,7 +262,6 @@ def zero3_weight_source_check() -> None:
     import deepspeed
 
     from rlhf.models.lora import merged_state_dict
-    from rlhf.workers.buckets import pack, unpack
     from rlhf.workers.sync_cuda import WeightSource
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -267,12 +273,7 @@ def zero3_weight_source_check() -> None:
     _train_a_few_steps_engine(engine)
     src = WeightSource(engine.module, bucket_bytes=8192, dtype=torch.float32)
     assert src.zero3 and len(src.buckets) > 1
-    sent = {}
-    for b in src.buckets:
-        buf = torch.empty(src.max_bucket_bytes, dtype=torch.uint8)
-        with src.gathered(b) as tensors:
-            pack(b, tensors, buf)
-        sent.update({name: t.clone() for name, t in unpack(buf, b.metas)})
+    sent = _sent(src)
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
         merged = {k: v.clone() for k, v in merged_state_dict(engine.module).items()}
         ref = _reference_merge(engine.module, cfg)
