@@ -45,6 +45,12 @@ def skip_unused_imports() -> None:
     if "mlflow" not in sys.modules:
         sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
     skip_sklearn()
+    try:  # "Loading weights" / "Writing model shards" bars from every worker would drown the console
+        import transformers.utils.logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 def skip_sklearn() -> None:
