@@ -282,6 +282,9 @@ def train_epochs(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: s
         console.print(f"resumed from {resumed.path} at step {start + 1} of {n_steps}")
     keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
     log = Log(spec, tracker, console, run_dir, history=list(history))
+    from rlhf.run import StopRequest
+
+    stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
         if before is None:
             before = evaluate()
@@ -300,10 +303,15 @@ def train_epochs(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: s
             if done % steps_per_epoch == 0:
                 after = evaluate()
                 log.eval(done, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
-            if ckpt.due(done, n_steps):
+            stopping = stop.requested and done < n_steps  # a signal came during this step
+            if ckpt.due(done, n_steps) or (stopping and ckpt.last_saved != done):
                 state = {"step": done, "history": list(log.history), "before": before, "after": after}
                 path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics={**log.history[-1], **after})
                 console.print(f"checkpoint: {path}")
+            if stopping:
+                console.print(f"stopped after step {done}: continue with rlhf-run resume={run_dir}")
+                raise stop.exception()
     finally:
+        stop.restore()
         log.close()
     return before, after, n_steps

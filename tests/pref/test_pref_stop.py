@@ -1,0 +1,65 @@
+"""Ctrl-C / SIGTERM during an sft/rm/dpo run (``rlhf.loops.supervised.train_epochs``): the step
+under way finishes, a checkpoint of it is written, and the run stops with KeyboardInterrupt
+(``Terminated`` for SIGTERM), which ``rlhf.run`` turns into exit 130 (143). No Ray: the workers
+and the checkpoint writer are stand-ins that record what the loop asks of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+
+class _Actor:
+    def __init__(self, signum, at_call):
+        self.calls, self.signum, self.at_call = 0, signum, at_call
+
+    def scatter(self, method, shards, objective):
+        self.calls += 1
+        if self.calls == self.at_call:  # the signal arrives in the middle of this step
+            os.kill(os.getpid(), self.signum)
+        return [{"loss": 1.0, "n": 1.0}]
+
+
+class _Manager:
+    def __init__(self):
+        self.last_saved = None
+
+    def due(self, done, n_steps):
+        return done == n_steps  # checkpoint.every=0: only at the end
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_finishes_the_step_checkpoints_it_and_stops(tmp_path, monkeypatch, signum):
+    from rlhf.cli import build_spec, compose
+    from rlhf.ckpt import training as ckpt_io
+    from rlhf.loops import supervised
+    from rlhf.run import Terminated
+
+    overrides = ["algo=sft", "tracking=none", f"output_dir={tmp_path}"]
+    spec = build_spec(compose(overrides), overrides, plan=False)
+    manager, saved = _Manager(), []
+
+    def save(spec_, mgr, step, cluster, state, metrics=None):
+        saved.append((step, state["step"]))
+        mgr.last_saved = step
+        return tmp_path / f"step_{step}"
+
+    monkeypatch.setattr(ckpt_io, "manager", lambda spec_, run_dir: manager)
+    monkeypatch.setattr(ckpt_io, "latest", lambda spec_, run_dir: None)
+    monkeypatch.setattr(ckpt_io, "save", save)
+    console = SimpleNamespace(print=lambda *a, **k: None, step=lambda *a, **k: None)
+    tracker = SimpleNamespace(log=lambda *a, **k: None)
+    cluster = SimpleNamespace(actor=_Actor(signum, at_call=3))
+    before = signal.getsignal(signum)
+    expected = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    with pytest.raises(expected):
+        supervised.train_epochs(spec, cluster, tracker, console, str(tmp_path), n_units=64, steps_per_epoch=10,
+                                shards_of=lambda units: [units], objective=None,
+                                step_metrics=lambda stats: {"train/loss": 1.0}, evaluate=lambda: {"eval/loss": 1.0})
+    assert cluster.actor.calls == 3  # the third step finished, no fourth began
+    assert saved == [(3, 3)]  # one checkpoint, of step 3, though checkpoint.every=0
+    assert signal.getsignal(signum) == before  # the loop's handler is gone again
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1 + 3  # eval before + 3 steps
