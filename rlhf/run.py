@@ -109,9 +109,6 @@ def run(spec: Any) -> int:
         print(f"error: algo.kind={kind!r} has no loop. Use one of: {', '.join(LOOPS)}.", file=sys.stderr)
         return EXIT_USER
     t0 = time.perf_counter()
-    from rlhf.workers.base import skip_sklearn
-
-    skip_sklearn()
     cluster = tracker = console = None
     status = "FAILED"
     # SIGTERM gets Ctrl-C's cleanup (the default would end the process with the cluster left up)

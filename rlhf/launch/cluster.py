@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from rlhf.launch.colocate import Host, RoleHandle, can_colocate
-from rlhf.launch.group import ActorGroup, spawn, worker_env
+from rlhf.launch.group import ActorGroup, spawn_actor, worker_env
 
 ROLE_CLASSES = {
     "actor": ("rlhf.workers.train", "PolicyWorker"),
@@ -134,35 +134,36 @@ def _role_devices(spec: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _reserve(spec: Any, cluster: Cluster, n: int):
+    """A placement group of ``n`` device bundles, ready (the cluster removes it at shutdown)."""
+    pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
+    cluster.placement_groups.append(pg)
+    ray.get(pg.ready(), timeout=120)
+    return pg
+
+
 def _place(spec: Any, cluster: Cluster) -> None:
     devices = _role_devices(spec)
     unit = "CPU" if spec.device == "cpu" else "GPU"
-    if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there
+    if spec.layout.mode == "hybrid":
         n = spec.layout.total_devices
-        pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
-        cluster.placement_groups.append(pg)
-        ray.get(pg.ready(), timeout=120)
-        hosts = [spawn(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in devices})
-                 for d in range(n)]
-        for role in devices:
-            cluster.groups[role] = ActorGroup.of_handles(role, [RoleHandle(h, role) for h in hosts])
-    elif spec.layout.mode == "hybrid":
-        n = spec.layout.total_devices
-        pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
-        cluster.placement_groups.append(pg)
-        ray.get(pg.ready(), timeout=120)
+        pg = _reserve(spec, cluster, n)
+        if can_colocate(spec):  # CPU: one process per device holds every role's rank there
+            hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in devices})
+                     for d in range(n)]
+            for role in devices:
+                cluster.groups[role] = ActorGroup(role, [RoleHandle(h, role) for h in hosts])
+            return
         sharing = {d: sum(1 for r in devices if d in devices[r]) for d in range(n)}
         for role, devs in devices.items():
             share = 1.0 / max(sharing[d] for d in devs)
             res = {unit: share} if unit == "CPU" else {"GPU": share, "CPU": share}
-            cluster.groups[role] = ActorGroup(_cls(role), spec, role, [(pg, d) for d in devs], res)
+            cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, d) for d in devs], res)
     else:
         for role, devs in devices.items():
             # rollout engines take TP-many devices each; one bundle per device of the role
             n = len(spec.layout.roles[role]) if role != "rollout" else sum(len(e) for e in spec.layout.engines)
-            pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
-            cluster.placement_groups.append(pg)
-            ray.get(pg.ready(), timeout=120)
+            pg = _reserve(spec, cluster, n)
             step = 1 if role != "rollout" else spec.layout.rollout_tp
             res = {unit: 1.0} if unit == "CPU" else {"GPU": 1.0, "CPU": 1.0}
-            cluster.groups[role] = ActorGroup(_cls(role), spec, role, [(pg, i * step) for i in range(len(devs))], res)
+            cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, i * step) for i in range(len(devs))], res)

@@ -8,6 +8,8 @@ from typing import Any, Optional, Sequence
 
 import ray
 
+from rlhf.launch.colocate import RoleHandle
+
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -29,7 +31,7 @@ def worker_env(spec: Any) -> dict[str, str]:
     return env
 
 
-def spawn(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float], *args):
+def spawn_actor(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float], *args):
     """Start ``cls(spec, *args)`` as a Ray actor on bundle ``bundle`` of placement group ``pg``."""
     opts: dict = {
         "num_cpus": resources.get("CPU", 0),
@@ -47,26 +49,25 @@ def spawn(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float
 
 
 class ActorGroup:
-    """``world_size`` actors of ``worker_cls``, rank i on ``slots[i]`` = (placement group, bundle).
+    """The ``world_size`` ranks of one role: Ray actor handles, or ``RoleHandle``s of colocated
+    hosts (``rlhf.launch.colocate``), which answer the same ``handle.method.remote(...)``.
 
-    ``resources`` is what each actor takes from its bundle, e.g. {"CPU": 0.5} or {"GPU": 0.5,
-    "CPU": 0.1}. Rank 0 picks MASTER_ADDR/PORT, then every rank joins the process group and
+    ``ActorGroup.spawn`` starts rank i of ``worker_cls`` on ``slots[i]`` = (placement group,
+    bundle), taking ``resources`` from it (e.g. {"CPU": 0.5} or {"GPU": 0.5, "CPU": 0.1}).
+    ``start()`` then has rank 0 pick MASTER_ADDR/PORT, and every rank joins the process group and
     loads its models (``Worker.init_distributed``).
     """
 
-    def __init__(self, worker_cls: type, spec: Any, role: str, slots: Sequence[tuple[Any, int]],
-                 resources: dict[str, float]):
+    def __init__(self, role: str, workers: Sequence[Any]):
         self.role = role
-        self.world_size = len(slots)
-        self.workers = [spawn(worker_cls, spec, pg, bundle, resources, role, rank, self.world_size)
-                        for rank, (pg, bundle) in enumerate(slots)]
+        self.world_size = len(workers)
+        self.workers = list(workers)
 
     @classmethod
-    def of_handles(cls, role: str, handles: Sequence[Any]) -> "ActorGroup":
-        """A group over handles made elsewhere (``rlhf.launch.colocate.RoleHandle``)."""
-        group = cls.__new__(cls)
-        group.role, group.world_size, group.workers = role, len(handles), list(handles)
-        return group
+    def spawn(cls, worker_cls: type, spec: Any, role: str, slots: Sequence[tuple[Any, int]],
+              resources: dict[str, float]) -> "ActorGroup":
+        return cls(role, [spawn_actor(worker_cls, spec, pg, bundle, resources, role, rank, len(slots))
+                          for rank, (pg, bundle) in enumerate(slots)])
 
     def start(self) -> list:
         """Async: join the process group and load models. ``ray.get`` the result to wait."""
@@ -89,8 +90,6 @@ class ActorGroup:
 
     def kill(self) -> None:
         """Kill this group's processes (a colocated host with every role it holds)."""
-        from rlhf.launch.colocate import RoleHandle
-
         for w in self.workers:
             try:
                 ray.kill(w.host if isinstance(w, RoleHandle) else w, no_restart=True)
@@ -101,8 +100,6 @@ class ActorGroup:
     def release(self) -> None:
         """Free this role's workers mid-run (DPO's reference once its log-probs are computed): a
         colocated host drops only this role's objects and dies with its last role."""
-        from rlhf.launch.colocate import RoleHandle
-
         if not any(isinstance(w, RoleHandle) for w in self.workers):
             return self.kill()
         left = ray.get([w.host.release.remote(w.role) for w in self.workers])

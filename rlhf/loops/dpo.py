@@ -23,31 +23,23 @@ from typing import Any, Optional
 import torch
 
 from rlhf.algos.preference import dpo_loss
-from rlhf.data.preference import build_pairs, collate_pairs
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import DPOObjective, SequenceLogps
 
 
-def prepare(spec: Any, console: Any = None) -> sup.Prepared:
-    """Read and tokenise the train/eval pairs (in the driver, before the cluster starts)."""
-    prepared = sup.prepare_with(spec, console, build_pairs, "preference")
-    sup.check_enough(len(prepared.train), spec, "pairs")
-    return prepared
+prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver before the cluster starts
 
 
 def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     algo = spec.algo
     prepared = prepared or prepare(spec, console)
-    tok, L = prepared.tokenizer, prepared.max_length
     pairs, eval_pairs = prepared.train, prepared.eval
     counts = prepared.counts()
     tracker.log(0, counts)
     steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
-    pad, B, pack = tok.pad_token_id, spec.batch, algo.packing
-
-    def mb_of(ps, units):
-        return collate_pairs([ps[i] for i in units], pad, pack=pack, max_length=L)
+    B = spec.batch
+    mb_of = sup.pair_collator(prepared, algo.packing)
 
     def logps(group, ps) -> torch.Tensor:
         """[n, 2]: summed response log-probs of (chosen, rejected) of every pair."""
@@ -63,8 +55,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
         cluster.groups.pop("reference").release()  # its memory goes back to the actor (hybrid placement)
 
     def evaluate() -> dict[str, float]:
-        pol = logps(cluster.actor, eval_pairs)
-        ref = ref_eval if ref_eval is not None else None
+        pol, ref = logps(cluster.actor, eval_pairs), ref_eval
         loss, m = dpo_loss(pol[:, 0], pol[:, 1], None if ref is None else ref[:, 0], None if ref is None else ref[:, 1],
                            beta=algo.beta, loss_type=algo.loss_type, label_smoothing=algo.label_smoothing,
                            reference_free=algo.reference_free)

@@ -19,30 +19,22 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.data.preference import build_pairs, collate_pairs
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import RMObjective, SequenceScores
 
 
-def prepare(spec: Any, console: Any = None) -> sup.Prepared:
-    """Read and tokenise the train/eval pairs (in the driver, before the cluster starts)."""
-    prepared = sup.prepare_with(spec, console, build_pairs, "preference")
-    sup.check_enough(len(prepared.train), spec, "pairs")
-    return prepared
+prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver before the cluster starts
 
 
 def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     prepared = prepared or prepare(spec, console)
-    tok, L = prepared.tokenizer, prepared.max_length
     pairs, eval_pairs = prepared.train, prepared.eval
     counts = prepared.counts()
     tracker.log(0, counts)
     steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
-    pad, B, pack = tok.pad_token_id, spec.batch, spec.algo.packing
-
-    def mb_of(ps, units):
-        return collate_pairs([ps[i] for i in units], pad, pack=pack, max_length=L)
+    B = spec.batch
+    mb_of = sup.pair_collator(prepared, spec.algo.packing)
 
     def evaluate() -> dict[str, float]:
         pieces = sup.gather_eval(cluster.actor, len(eval_pairs), lambda u: mb_of(eval_pairs, u), SequenceScores(),

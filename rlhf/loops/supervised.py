@@ -238,6 +238,29 @@ def prepare_with(spec: Any, console: Any, build: Callable, what: str) -> Prepare
     return Prepared(tokenizer=tok, max_length=L, train=train, eval=evals, reports=[rep_tr, rep_ev])
 
 
+def prepare_pairs(spec: Any, console: Any = None) -> Prepared:
+    """rm and dpo: read and tokenise the train/eval preference pairs (in the driver, before the
+    cluster starts)."""
+    from rlhf.data.preference import build_pairs
+
+    prepared = prepare_with(spec, console, build_pairs, "preference")
+    check_enough(len(prepared.train), spec, "pairs")
+    return prepared
+
+
+def pair_collator(prepared: Prepared, pack: bool) -> Callable[[list, Sequence[int]], dict]:
+    """rm and dpo: ``mb_of(pairs, units)``, the micro-batch of ``pairs[units]`` (chosen and
+    rejected sequences of each pair, padded or packed to the run's max length)."""
+    from rlhf.data.preference import collate_pairs
+
+    pad, L = prepared.tokenizer.pad_token_id, prepared.max_length
+
+    def mb_of(pairs: list, units: Sequence[int]) -> dict:
+        return collate_pairs([pairs[i] for i in units], pad, pack=pack, max_length=L)
+
+    return mb_of
+
+
 def optional(x: Optional[float]) -> float:
     return float("nan") if x is None else float(x)
 

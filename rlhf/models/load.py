@@ -45,7 +45,19 @@ def resolve_model_path(path: str, model_spec: Any = None) -> str:
     return str(p)
 
 
+def skip_sklearn() -> None:
+    """transformers' auto classes import scikit-learn (~4 s) for assisted generation, which no
+    process of ours uses: hidden before the first load, in the driver and in every worker."""
+    try:
+        import transformers.utils as tu
+
+        tu.is_sklearn_available = lambda: False
+    except ImportError:  # pragma: no cover
+        pass
+
+
 def load_tokenizer(path: str):
+    skip_sklearn()
     from transformers import AutoTokenizer
 
     try:
@@ -58,6 +70,7 @@ def load_tokenizer(path: str):
 
 
 def load_model(path: str, kind: str = "causal_lm", dtype: str = "float32", pad_token_id: int | None = None):
+    skip_sklearn()
     import transformers
 
     if kind not in KINDS:

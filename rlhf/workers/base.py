@@ -44,22 +44,13 @@ def skip_unused_imports() -> None:
 
     if "mlflow" not in sys.modules:
         sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    from rlhf.models.load import skip_sklearn
+
     skip_sklearn()
     try:  # "Loading weights" / "Writing model shards" bars from every worker would drown the console
         import transformers.utils.logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def skip_sklearn() -> None:
-    """transformers imports scikit-learn (~4 s) for assisted generation, which no process of ours
-    uses; the driver calls this too, before its first tokenizer load."""
-    try:
-        import transformers.utils as tu
-
-        tu.is_sklearn_available = lambda: False
     except ImportError:  # pragma: no cover
         pass
 

@@ -69,6 +69,7 @@ class _Model(Worker):
     """Shared loading: the checkpoint path, the tokenizer ids, the device."""
 
     kind = "causal_lm"
+    lora = False  # the policy's LoRA adapters (PolicyWorker); the critic trains every weight
 
     def model_path(self) -> str:
         from rlhf.models import resolve_model_path
@@ -89,6 +90,17 @@ class _Model(Worker):
     def torch_device(self):
         return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
 
+    def _on_rank0(self, fn):
+        """``fn(module)`` on rank 0 with whole parameters (gathered on every rank under ZeRO-3, and
+        its tensors then copied out of the gathered buffers), None on the other ranks."""
+        module = self.engine.module
+        if self.spec.train.zero_stage != 3:
+            return fn(module) if self.rank == 0 else None
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return _cloned(fn(module)) if self.rank == 0 else None
+
     def micro_batches(self, batch: Batch):
         m = self.spec.batch.micro_batch_size
         for s in range(0, size(batch), m):
@@ -104,7 +116,7 @@ class _Model(Worker):
         folder = Path(path) / self.role
         folder.mkdir(parents=True, exist_ok=True)
         # LoRA: the frozen base weights come from the model path again; the adapters and Adam are saved
-        self.engine.save_checkpoint(str(folder), tag="ds", exclude_frozen_parameters=getattr(self, "lora", False))
+        self.engine.save_checkpoint(str(folder), tag="ds", exclude_frozen_parameters=self.lora)
         torch.save(rng_state(), folder / f"rng_rank{self.rank}.pt")
 
     def load_state(self, path: str) -> None:
@@ -113,9 +125,8 @@ class _Model(Worker):
         from rlhf.ckpt.state import set_rng_state
 
         folder = Path(path) / self.role
-        lora = getattr(self, "lora", False)
         loaded, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True, load_module_strict=not lora)
+                                                load_lr_scheduler_states=True, load_module_strict=not self.lora)
         if loaded is None:
             raise RuntimeError(f"no DeepSpeed checkpoint of {self.role} in {folder}")
         set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))
@@ -279,17 +290,19 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         ``adapter_dir(path)`` the adapter alone (``PeftModel.from_pretrained(base, adapter)``)."""
         from pathlib import Path
 
-        lora = getattr(self, "lora", False)
-        state = self.full_state_dict()
-        raw = self._raw_state_dict() if lora else None  # the adapter's tensors (gathered under ZeRO-3)
+        from rlhf.models.lora import merged_state_dict
+
+        # one gather under ZeRO-3 for both: the merged weights and (LoRA) the adapter's own tensors
+        states = self._on_rank0(lambda m: (merged_state_dict(m), _own_state_dict(m) if self.lora else None))
         if self.rank != 0:
             return None
+        state, raw = states
         from rlhf.models import load_tokenizer
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         module = self.engine.module
-        if lora:
+        if self.lora:
             from rlhf.models.lora import adapter_dir
 
             module.save_pretrained(str(adapter_dir(out)), state_dict=raw)
@@ -321,26 +334,23 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         merged (``rlhf.models.lora.merged_state_dict``); the training weights are not touched."""
         from rlhf.models.lora import merged_state_dict
 
-        module = self.engine.module
-        if self.spec.train.zero_stage == 3:
-            import deepspeed
+        return self._on_rank0(merged_state_dict)
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                state = ({k: v.clone() for k, v in merged_state_dict(module).items()} if self.rank == 0
-                         else None)
-            return state
-        return merged_state_dict(module) if self.rank == 0 else None
 
-    def _raw_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
-        """The trained module's own state dict (peft names, adapters included) on rank 0."""
-        module = self.engine.module
-        if self.spec.train.zero_stage == 3:
-            import deepspeed
+def _own_state_dict(module) -> dict[str, torch.Tensor]:
+    """The module's own state dict on the CPU (for a LoRA model: peft names, adapters included)."""
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return ({k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-                        if self.rank == 0 else None)
-        return {k: v.detach().cpu() for k, v in module.state_dict().items()} if self.rank == 0 else None
+
+def _cloned(x):
+    """Tensors (in dicts and tuples) copied, so they outlive ZeRO-3's gathered buffers."""
+    if torch.is_tensor(x):
+        return x.clone()
+    if isinstance(x, dict):
+        return {k: _cloned(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_cloned(v) for v in x)
+    return x
 
 
 class CriticWorker(_Model):
