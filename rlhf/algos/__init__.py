@@ -19,6 +19,7 @@ from rlhf.algos.advantages import (
 )
 from rlhf.algos.filters import dynamic_sampling_filter
 from rlhf.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
+from rlhf.algos.logprobs import logprobs_from_hidden
 from rlhf.algos.losses import (
     AGG_MODES,
     aggregate,
@@ -52,6 +53,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "kl_penalty",
+    "logprobs_from_hidden",
     "AGG_MODES",
     "aggregate",
     "aggregation_denominator",

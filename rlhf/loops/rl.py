@@ -64,11 +64,17 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
               else algos.FixedKLController(algo.kl.coef))
     sync = make_sync(spec, cluster)
-    use_ref = cluster.reference is not None
+    # the reference policy: its own workers, or (LoRA) the actor with its adapters switched off
+    reference = (cluster.reference, "logprobs") if cluster.reference is not None else (
+        (cluster.actor, "ref_logprobs") if algo.kl.coef > 0 and spec.model.lora.rank > 0 else None)
+    use_ref = reference is not None
     kl_in_reward = use_ref and algo.kl.placement == "reward"
-    # with vLLM sampling, the trainer's own log-probs anchor the ratio (and measure the mismatch)
+    # A separate pass for the policy's log-probs before the update is needed only when the
+    # update is not exactly on-policy (several optimizer steps, async rollouts) or when they are
+    # needed before it (KL in the reward, truncated importance sampling). Otherwise the ratio is
+    # identically 1 and the update's own forward gives the same numbers (and the mismatch).
     need_old_logp = (B.optimizer_steps_per_step > 1 or algo.tis_cap is not None or kl_in_reward
-                     or spec.rollout_engine == "vllm" or algo.async_steps > 0)
+                     or algo.async_steps > 0)
     prefetch = None
     if algo.async_steps > 0:  # rollouts of the next steps overlap the update (rlhf.loops.async_rl)
         from rlhf.loops.async_rl import Prefetcher
@@ -116,7 +122,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             # ---- reference log-probs, old log-probs, values
             if use_ref:
                 with ph("reference"):
-                    batch["ref_logp"] = dp_forward(cluster.reference, "logprobs", batch)
+                    batch["ref_logp"] = dp_forward(*reference, batch)
             if need_old_logp:
                 with ph("old_logp"):
                     batch["old_logp"] = dp_forward(cluster.actor, "logprobs", batch)
@@ -159,6 +165,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                 from rlhf.workers.rollout_vllm import logprob_mismatch
 
                 m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
+            if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
+                m["perf/mfu"] = m["perf/update_tflops"] / spec.hardware.peak_bf16_tflops
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value
@@ -382,8 +390,12 @@ def _get(refs):
 
 
 def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
+    """Weighted means over ranks (``{name: (sum, weight)}``); ``*_max`` names take the maximum."""
     out: dict[str, float] = {}
-    for k in stats[0]:
+    for k in dict.fromkeys(k for st in stats for k in st):
+        if k.endswith("_max"):
+            out[k] = max(st[k][0] for st in stats if k in st)
+            continue
         s = sum(st[k][0] for st in stats if k in st)
         c = sum(st[k][1] for st in stats if k in st)
         out[k] = s / c if c else 0.0

@@ -225,12 +225,12 @@ def _value_in(msg: str) -> str:
 # ----------------------------------------------------------------------------- derivation
 
 
-def needed_roles(algo: Any, reward: S.RewardSpec) -> tuple[str, ...]:
+def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[str, ...]:
     roles = ["actor"]
     if algo.kind == "rl":
         if algo.estimator == "gae":
             roles.append("critic")
-        if algo.kl.coef > 0:
+        if algo.kl.coef > 0 and lora_rank == 0:  # with LoRA the actor, adapters off, is the reference
             roles.append("reference")
         if reward.model_path:
             roles.append("reward")
@@ -326,7 +326,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
             f"algo.kind={getattr(sections['algo'], 'kind', None)!r} does not match the algo section "
             f"({type(sections['algo']).__name__}). Choose the algorithm with algo=<name>, not algo.kind."
         ])
-    roles = needed_roles(sections["algo"], sections["reward"])
+    roles = needed_roles(sections["algo"], sections["reward"], sections["model"].lora.rank)
     problems = validate(sections, roles)
     if problems:
         raise SpecError(problems)

@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.data.batch import Batch, response_slice, response_tokens, select, size
+from rlhf.data.batch import Batch, response_width, select, size
+from rlhf.data.packing import TOKEN_KEYS, pack, real_lengths, split_to_count, token_groups, unpack
 from rlhf.workers.base import Worker
 from rlhf.workers.sync_cuda import TrainerSyncMixin
 
@@ -44,10 +45,25 @@ def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, optimizer: bool 
         "wall_clock_breakdown": False,
     }
     if spec.train.offload_optimizer and spec.train.zero_stage > 0:
-        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": spec.device == "cuda"}
+        # on CPU the "offloaded" optimizer is where it always was: torch's AdamW steps it, and
+        # DeepSpeed's CPU Adam (a minute of JIT compilation) is not built
+        cfg["zero_force_ds_cpu_optimizer"] = spec.device == "cuda"
     if not optimizer:
         cfg.pop("gradient_clipping")
     return cfg
+
+
+def _optimizer(spec: Any, params, lr: float):
+    """AdamW for the trained parameters. With the optimizer offloaded to host memory on GPU runs,
+    DeepSpeed's CPU Adam (vectorised C++, the only optimizer DeepSpeed steps on the host at speed);
+    otherwise torch's AdamW (fused on CUDA)."""
+    wd = spec.algo.weight_decay
+    if spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=wd, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
 
 
 def _warmup(optimizer, warmup_steps: int):
@@ -105,6 +121,59 @@ class _Model(Worker):
         m = self.spec.batch.micro_batch_size
         for s in range(0, size(batch), m):
             yield _to(select(batch, slice(s, s + m)), self.torch_device())
+
+    # -- the RL passes run padding-free (rlhf.data.packing): micro-batches of at most
+    #    ``train.max_tokens_per_micro_batch`` real tokens, the same number on every rank
+    def token_budget(self) -> int:
+        t, r = self.spec.train, self.spec.rollout
+        return getattr(t, "max_tokens_per_micro_batch", None) or \
+            self.spec.batch.micro_batch_size * (r.max_prompt_tokens + r.max_response_tokens)
+
+    def packed_micro_batches(self, batch: Batch) -> list[tuple[list[int], dict]]:
+        """``[(rows, packed)]`` covering the local batch's rows in order."""
+        plen, rlen = real_lengths(batch)
+        n = (plen + rlen).tolist()
+        groups = token_groups(n, self.token_budget())
+        groups = split_to_count(groups, n, self._max_over_ranks(len(groups)))
+        return [(rows, pack(batch, rows)) for rows in groups]
+
+    def _max_over_ranks(self, value: int) -> int:
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], device=self.torch_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _hidden(self, model, packed: dict) -> torch.Tensor:
+        """The backbone's last hidden states of a packed micro-batch, ``[L, h]``."""
+        from rlhf.models.varlen import packed_attention, packed_kwargs
+
+        with packed_attention(model):
+            return model.base_model(**packed_kwargs(packed, self.torch_device())).last_hidden_state[0]
+
+    def _token_logprobs(self, module, packed: dict, with_entropy: bool = False):
+        """Log-probs (and entropy) of a packed micro-batch's response tokens, flat ``[M]``,
+        from the hidden states (rlhf.algos.logprobs_from_hidden: no [B, T, V] logits)."""
+        from rlhf.algos import logprobs_from_hidden
+
+        model = _hf_model(module)
+        dev = self.torch_device()
+        hidden = self._hidden(model, packed)[packed["pred_index"].to(dev)]
+        head = model.get_output_embeddings()
+        return logprobs_from_hidden(hidden, head, packed["targets"].to(dev), self.temperature, with_entropy,
+                                    vocab=model.config.vocab_size)
+
+    @torch.no_grad()
+    def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
+        R = response_width(batch)
+        out = torch.zeros(size(batch), R)
+        for rows, p in self.packed_micro_batches(batch):
+            if rows:
+                lp, _ = self._token_logprobs(module, p)
+                out[rows] = unpack(lp.float().cpu(), p, len(rows), R)
+        return out
 
     # -- checkpoints (rlhf.ckpt.training): the DeepSpeed state (weights, optimizer, scheduler) and
     #    this process's RNG under <checkpoint dir>/<role>/; every rank calls (the save is collective)
@@ -179,48 +248,65 @@ class PolicyWorker(TrainerSyncMixin, _Model):
 
             model = apply_lora(model, self.spec.model.lora, self.spec.train.seed,
                                gradient_checkpointing=self.spec.model.gradient_checkpointing)
+        from rlhf.models.flops import flop_shape
+
+        self.flops = flop_shape(model)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay)
+        opt = _optimizer(self.spec, params, algo.lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
             config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm),
         )
         self.temperature = self.spec.rollout.temperature
 
-    @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        from rlhf.algos import token_logprobs
-
+        """The current policy's log-probs of the response tokens, ``[B, R]`` (0 off the response)."""
         self.engine.eval()
-        out = []
-        for mb in self.micro_batches(batch):
-            logits = _forward(self.engine, mb).logits[:, response_slice(mb)]
-            out.append(token_logprobs(logits, response_tokens(mb), self.temperature).cpu())
-        return torch.cat(out)
+        return self._packed_logprobs(self.engine.module, batch)
+
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """LoRA: the reference policy is the base model, i.e. this model with its adapters off."""
+        module = self.engine.module
+        self.engine.eval()
+        with module.disable_adapter():
+            return self._packed_logprobs(module, batch)
 
     def update(self, batch: Batch, denominators: list[float]) -> Stats:
-        from rlhf.algos import entropy_from_logits, kl_penalty, micro_batch_loss, policy_loss, token_logprobs
+        """One or more optimizer steps (see the module doc). Without ``old_logp`` in the batch the
+        update is exactly on-policy: the ratio's anchor is this forward's own log-probs, and the
+        rollout engine's mismatch is measured against them (``mismatch/*``)."""
+        from rlhf.algos import kl_penalty, micro_batch_loss, policy_loss
 
-        algo, b = self.spec.algo, self.spec.batch
+        algo = self.spec.algo
         self.engine.train()
+        module = self.engine.module
         n_opt = len(denominators)
         per_step = size(batch) // n_opt
+        R = response_width(batch)
         kl_loss = algo.kl.coef > 0 and algo.kl.placement == "loss" and "ref_logp" in batch
-        sums: dict[str, float] = {}
-        counts: dict[str, float] = {}
-        pg_total = 0.0
-
-        def add(name: str, value: float, weight: float) -> None:
-            sums[name] = sums.get(name, 0.0) + value * weight
-            counts[name] = counts.get(name, 0.0) + weight
+        on_policy = "old_logp" not in batch
+        stats = _StatSums()
+        pg_total, flops = 0.0, 0.0
+        dev = self.torch_device()
+        t0 = _clock(dev)
 
         for k in range(n_opt):
             block = select(batch, slice(k * per_step, (k + 1) * per_step))
-            for mb in self.micro_batches(block):
+            packed = self.packed_micro_batches(block)
+            for i, (rows, p) in enumerate(packed):
+                self.engine.set_gradient_accumulation_boundary(i == len(packed) - 1)
+                if not rows:  # a rank with fewer micro-batches than another: zero gradient, same collectives
+                    lp, _ = self._token_logprobs(module, dict(p, pred_index=torch.zeros(1, dtype=torch.long),
+                                                                targets=torch.zeros(1, dtype=torch.long)))
+                    self.engine.backward(lp.sum() * 0.0, scale_wrt_gas=False)
+                    self.engine.step()
+                    continue
+                mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
                 mask = mb["response_mask"]
                 n_tok = float(mask.sum())
-                logits = _forward(self.engine, mb).logits[:, response_slice(mb)]
-                logp = token_logprobs(logits, response_tokens(mb), self.temperature)
+                lp, ent = self._token_logprobs(module, p, with_entropy=True)
+                logp = unpack(lp, p, len(rows), R)
+                ent = unpack(ent, p, len(rows), R)
                 old = mb["old_logp"] if "old_logp" in mb else logp.detach()
                 per_token, st = policy_loss(
                     logp, old, mb["advantages"], mask,
@@ -231,15 +317,11 @@ class PolicyWorker(TrainerSyncMixin, _Model):
                 )
                 total = per_token
                 if algo.entropy_coef > 0:
-                    ent = entropy_from_logits(logits / self.temperature)
                     total = total - algo.entropy_coef * ent
-                else:
-                    with torch.no_grad():
-                        ent = entropy_from_logits(logits.detach() / self.temperature)
                 if kl_loss:
                     kl = kl_penalty(logp, mb["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
                     total = total + algo.kl.coef * kl
-                    add("actor/kl_loss", float((kl.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+                    stats.add("actor/kl_loss", float((kl.detach() * mask).sum()) / max(n_tok, 1), n_tok)
                 loss = micro_batch_loss(total, mask, algo.loss_agg, denominators[k], self.world_size)
                 self.engine.backward(loss, scale_wrt_gas=False)
                 if self.engine.is_gradient_accumulation_boundary():
@@ -248,14 +330,20 @@ class PolicyWorker(TrainerSyncMixin, _Model):
                 # this micro-batch's share of the optimizer step's global loss
                 pg_total += float(micro_batch_loss(per_token.detach(), mask, algo.loss_agg, denominators[k], 1))
                 for name, v in st.items():
-                    add(f"actor/{name}", float(v), n_tok)
-                add("actor/entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+                    stats.add(f"actor/{name}", float(v), n_tok)
+                stats.add("actor/entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+                if on_policy and "rollout_logp" in mb:
+                    stats.mismatch(logp.detach(), mb["rollout_logp"], mask)
+                flops += 3 * self.flops.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
+                                                float(p["sq_lengths"]))
             gn = self.last_grad_norm
             if gn is not None:
-                add("actor/grad_norm", float(gn), 1.0)
-        out = {k: (sums[k], counts[k]) for k in sums}
+                stats.add("actor/grad_norm", float(gn), 1.0)
+        out = stats.result()
         out["actor/pg_loss"] = (pg_total / n_opt, 1.0 / self.world_size)  # combined: the global loss
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
+        seconds = _clock(dev) - t0
+        out["perf/update_tflops"] = (flops / max(seconds, 1e-9) / 1e12, 1.0)  # per rank, averaged
         return out
 
     def train_step(self, micro_batches: list, objective) -> dict[str, float]:
@@ -353,6 +441,49 @@ def _cloned(x):
     return x
 
 
+def _hf_model(module):
+    """The transformers model inside a peft wrapper (whose LoRA layers stay in place)."""
+    return module.get_base_model() if hasattr(module, "get_base_model") else module
+
+
+def _clock(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    import time
+
+    return time.perf_counter()
+
+
+class _StatSums:
+    """Per-rank sums with their weights (``{name: (sum, weight)}``, see the module doc); names
+    ending in ``_max`` carry a maximum, which the driver combines by max."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """The rollout engine's sampled-token log-probs against the trainer's (same measures as
+        ``rlhf.workers.rollout_vllm.logprob_mismatch``)."""
+        keep = mask != 0
+        n = float(keep.sum())
+        if n == 0:
+            return
+        d = (trainer_logp.double() - rollout_logp.double())[keep]
+        self.add("mismatch/logp_abs_mean", float(d.abs().mean()), n)
+        self.add("mismatch/kl_k3", float((torch.exp(d.clamp(-20, 20)) - 1 - d).mean()), n)
+        m = float(d.abs().max())
+        self.sums["mismatch/logp_abs_max"] = max(self.sums.get("mismatch/logp_abs_max", 0.0), m)
+        self.weights["mismatch/logp_abs_max"] = 1.0
+
+    def result(self) -> Stats:
+        return {k: (self.sums[k], self.weights[k]) for k in self.sums}
+
+
 class CriticWorker(_Model):
     """PPO's value model, trained with the clipped value loss."""
 
@@ -366,19 +497,32 @@ class CriticWorker(_Model):
 
         critic = self.spec.algo.critic
         model = self.load()
-        opt = torch.optim.AdamW(model.parameters(), lr=critic.lr, weight_decay=self.spec.algo.weight_decay)
+        opt = _optimizer(self.spec, model.parameters(), critic.lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, critic.warmup_steps),
             config=_ds_config(self.spec, critic.warmup_steps, self.spec.algo.max_grad_norm),
         )
 
-    def _values(self, mb: Batch) -> torch.Tensor:
-        return _forward(self.engine, mb).logits[:, response_slice(mb), 0].float()
+    def _values(self, packed: dict) -> torch.Tensor:
+        """Values of a packed micro-batch's response tokens, flat ``[M]``: the head's output at the
+        position that predicts each token (the state before the action)."""
+        from rlhf.models.varlen import packed_attention, packed_kwargs
+
+        module = self.engine.module
+        dev = self.torch_device()
+        with packed_attention(module):
+            out = module(**packed_kwargs(packed, dev)).logits[0, :, 0]
+        return out[packed["pred_index"].to(dev)].float()
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         self.engine.eval()
-        return torch.cat([self._values(mb).cpu() for mb in self.micro_batches(batch)])
+        R = response_width(batch)
+        out = torch.zeros(size(batch), R)
+        for rows, p in self.packed_micro_batches(batch):
+            if rows:
+                out[rows] = unpack(self._values(p).cpu(), p, len(rows), R)
+        return out
 
     def update(self, batch: Batch, denominators: list[float]) -> Stats:
         from rlhf.algos import micro_batch_loss, value_loss
@@ -387,12 +531,22 @@ class CriticWorker(_Model):
         self.engine.train()
         n_opt = len(denominators)
         per_step = size(batch) // n_opt
+        R = response_width(batch)
+        dev = self.torch_device()
         total_loss, clipped, n_tok_all = 0.0, 0.0, 0.0
         for k in range(n_opt):
             block = select(batch, slice(k * per_step, (k + 1) * per_step))
-            for mb in self.micro_batches(block):
+            packed = self.packed_micro_batches(block)
+            for i, (rows, p) in enumerate(packed):
+                self.engine.set_gradient_accumulation_boundary(i == len(packed) - 1)
+                if not rows:  # zero gradient, the same collectives as the busier ranks
+                    v = self._values(dict(p, pred_index=torch.zeros(1, dtype=torch.long)))
+                    self.engine.backward(v.sum() * 0.0, scale_wrt_gas=False)
+                    self.engine.step()
+                    continue
+                mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
                 mask = mb["response_mask"]
-                v = self._values(mb)
+                v = unpack(self._values(p), p, len(rows), R)
                 per_token = value_loss(v, mb["old_values"], mb["returns"], mask, algo.critic.value_clip)
                 loss = micro_batch_loss(per_token, mask, algo.loss_agg, denominators[k], self.world_size)
                 self.engine.backward(loss, scale_wrt_gas=False)
@@ -419,6 +573,16 @@ class ReferenceWorker(_Model):
         self.module = self._frozen(self.load())
         self.temperature = self.spec.rollout.temperature
 
+    def load(self, kind: Optional[str] = None, path: Optional[str] = None):
+        """Frozen models run in the training dtype on GPU (bf16, as the policy's forward does),
+        not float32: half the memory and the tensor cores' speed."""
+        model = super().load(kind, path)
+        if self.device == "cuda":
+            from rlhf.models.load import torch_dtype
+
+            model = model.to(torch_dtype(self.spec.model.dtype))
+        return model
+
     def _frozen(self, model):
         model.requires_grad_(False).eval()
         if self.spec.train.zero_stage == 3:
@@ -429,15 +593,8 @@ class ReferenceWorker(_Model):
             return engine
         return model.to(self.torch_device())
 
-    @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        from rlhf.algos import token_logprobs
-
-        out = []
-        for mb in self.micro_batches(batch):
-            logits = _forward(self.module, mb).logits[:, response_slice(mb)]
-            out.append(token_logprobs(logits, response_tokens(mb), self.temperature).cpu())
-        return torch.cat(out)
+        return self._packed_logprobs(getattr(self.module, "module", self.module), batch)
 
 
 class RewardModelWorker(ReferenceWorker):

@@ -1,0 +1,133 @@
+"""Attention over packed sequences (``rlhf.data.packing``) for Hugging Face models.
+
+A packed row holds several samples end to end; each token may attend only to the earlier tokens
+of its own sample. The model is called with ``cu_seq_lens_q/k`` and ``max_length_q/k`` (the
+keyword arguments transformers forwards from the model's call to every attention layer), and
+``packed_attention(model)`` switches the model to the ``rlhf_varlen`` attention for that call:
+
+* on CUDA: PyTorch's FlashAttention varlen kernel (``torch.nn.attention.varlen.varlen_attn``,
+  forward and backward, no extra package to build for the GPU image);
+* elsewhere (CPU), or where that kernel is missing: the samples scattered into right-padded rows
+  for one causal SDPA call and gathered back — the same result, at the padded cost.
+
+transformers builds no mask for an attention name it does not know, which is what a packed call
+wants (an L × L block-diagonal mask would cost O(L²) memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Optional
+
+import torch
+
+NAME = "rlhf_varlen"
+_registered = False
+
+
+def _varlen_kernel():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[T, H_kv, D] -> [T, H_kv * groups, D] (each kv head serves ``groups`` query heads)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                            scale: Optional[float] = None) -> torch.Tensor:
+    """Causal attention within each packed sample. ``q [T, Hq, D]``, ``k, v [T, Hkv, D]``,
+    ``cu [n + 1]`` sample boundaries. Returns ``[T, Hq, D]``:
+    ``out_t = softmax(q_t·K_s^T · scale)·V_s`` over the keys ``s`` of t's sample with ``s ≤ t``."""
+    groups = q.shape[1] // k.shape[1]
+    kernel = _varlen_kernel() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+    if kernel is not None:
+        params = inspect.signature(kernel).parameters
+        kw: dict[str, Any] = {"scale": scale} if "scale" in params else {}
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        if "is_causal" in params:
+            kw["is_causal"] = True
+        else:
+            kw["window_size"] = (-1, 0)  # no key after the query: causal
+        cu = cu.to(device=q.device, dtype=torch.int32)
+        return kernel(q, k, v, cu, cu, max_len, max_len, **kw)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+    # one batched call: each sample right-padded to max_len in its own row; with a causal mask a
+    # real query never sees the padding that follows its sample, so the result is exact
+    n, L = len(cu) - 1, q.shape[0]
+    lengths = (cu[1:] - cu[:-1]).to(device=q.device, dtype=torch.long)
+    row = torch.repeat_interleave(torch.arange(n, device=q.device), lengths)
+    col = torch.arange(L, device=q.device) - cu.to(q.device).long()[row]
+
+    def padded(x):
+        out = x.new_zeros(n, max_len, *x.shape[1:])
+        out[row, col] = x
+        return out.transpose(1, 2)  # [n, H, max_len, D]
+
+    o = torch.nn.functional.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True, scale=scale)
+    return o.transpose(1, 2)[row, col]
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: ``query [1, Hq, L, D]``, ``key/value
+    [1, Hkv, L, D]``; returns ``([1, L, Hq, D], None)``."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        raise RuntimeError("rlhf_varlen attention needs cu_seq_lens_q (call the model through rlhf.models.varlen)")
+    if query.shape[0] != 1:
+        raise RuntimeError("rlhf_varlen attention takes one packed row")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [L, H, D]
+    out = varlen_causal_attention(q, k, v, cu, int(kwargs.get("max_length_q") or q.shape[0]), scaling)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, _attention)
+    _registered = True
+
+
+def _configs(model) -> list:
+    seen, out = set(), []
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and id(cfg) not in seen and hasattr(cfg, "_attn_implementation"):
+            seen.add(id(cfg))
+            out.append(cfg)
+    return out
+
+
+@contextlib.contextmanager
+def packed_attention(model):
+    """Within the block, ``model`` (and every sub-model sharing or holding a config) attends with
+    ``rlhf_varlen``; its own implementation comes back afterwards."""
+    register()
+    cfgs = _configs(model)
+    before = [c._attn_implementation for c in cfgs]
+    try:
+        for c in cfgs:
+            c._attn_implementation = NAME
+        yield
+    finally:
+        for c, b in zip(cfgs, before):
+            c._attn_implementation = b
+
+
+def packed_kwargs(packed: dict, device) -> dict:
+    """The model-call arguments of a packed micro-batch (``rlhf.data.packing.pack``)."""
+    cu = packed["cu_seqlens"].to(device=device, dtype=torch.int32)
+    n = int(packed["max_len"])
+    return {"input_ids": packed["input_ids"].to(device), "position_ids": packed["position_ids"].to(device),
+            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n, "use_cache": False}

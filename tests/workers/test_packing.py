@@ -1,0 +1,85 @@
+"""Padding-free packing (rlhf.data.packing) and packed attention (rlhf.models.varlen): the
+packed pass gives the padded pass's log-probs, on a tiny random Llama in float64."""
+
+import pytest
+import torch
+
+from rlhf.data.batch import collate, response_slice, response_tokens
+from rlhf.data.packing import pack, split_to_count, token_groups, token_values, unpack
+from rlhf.models.varlen import packed_attention, packed_kwargs, varlen_causal_attention
+
+
+def test_token_groups_keep_order_and_budget():
+    assert token_groups([3, 4, 2, 9, 1, 1], 7) == [[0, 1], [2], [3], [4, 5]]
+    assert token_groups([5], 2) == [[0]]  # a row over the budget is alone
+    assert token_groups([], 4) == []
+
+
+def test_split_to_count_splits_largest_and_pads():
+    n = [4, 4, 1, 1]
+    assert split_to_count([[0, 1, 2, 3]], n, 2) == [[0], [1, 2, 3]]
+    out = split_to_count([[0, 1], [2, 3]], n, 4)
+    assert sorted(sum(out, [])) == [0, 1, 2, 3] and len(out) == 4
+    assert split_to_count([[0], [1]], n, 3) == [[0], [1], []]
+
+
+def test_pack_layout_and_unpack_roundtrip():
+    b = collate([[5, 6], [7], [8, 9, 10]], [[1, 2, 3], [4], []], pad_id=0, response_width=4)
+    p = pack(b, [0, 1, 2])
+    assert p["input_ids"].tolist() == [[5, 6, 1, 2, 3, 7, 4, 8, 9, 10]]
+    assert p["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2]]
+    assert p["cu_seqlens"].tolist() == [0, 5, 7, 10]
+    assert p["pred_index"].tolist() == [1, 2, 3, 5]  # the positions before each response token
+    assert p["targets"].tolist() == [1, 2, 3, 4]
+    flat = torch.tensor([10.0, 11.0, 12.0, 13.0])
+    assert unpack(flat, p, 3, 4).tolist() == [[10, 11, 12, 0], [13, 0, 0, 0], [0, 0, 0, 0]]
+    b["advantages"] = torch.arange(12, dtype=torch.float32).view(3, 4)
+    assert token_values(b, [0, 1, 2], p, ["advantages"])["advantages"].tolist() == [0, 1, 2, 4]
+    empty = pack(b, [])
+    assert empty["pred_index"].numel() == 0 and empty["input_ids"].shape == (1, 1)
+
+
+def test_varlen_attention_equals_per_sequence_masked_attention():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(9, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(9, 2, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(9, 2, 8, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0, 4, 5, 9], dtype=torch.int32)
+    out = varlen_causal_attention(q, k, v, cu, 4, scale=0.3)
+    for s, e in [(0, 4), (4, 5), (5, 9)]:
+        for t in range(s, e):
+            for hq in range(4):
+                kv = hq // 2
+                w = torch.softmax(torch.stack([q[t, hq] @ k[j, kv] * 0.3 for j in range(s, t + 1)]), 0)
+                ref = sum(w[j - s] * v[j, kv] for j in range(s, t + 1))
+                torch.testing.assert_close(out[t, hq], ref, rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).double().eval()
+
+
+def test_packed_forward_equals_padded_forward(tiny_llama):
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (3, 6, 1, 4)]
+    responses = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (5, 2, 7, 0)]
+    b = collate(prompts, responses, pad_id=0, response_width=8)
+    with torch.no_grad():
+        logits = tiny_llama(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                            position_ids=b["position_ids"]).logits[:, response_slice(b)]
+        ref = torch.log_softmax(logits, -1).gather(2, response_tokens(b).unsqueeze(-1)).squeeze(-1)
+        ref = ref * b["response_mask"]
+        p = pack(b, [0, 1, 2, 3])
+        with packed_attention(tiny_llama):
+            hidden = tiny_llama.model(**packed_kwargs(p, "cpu")).last_hidden_state[0]
+        assert tiny_llama.config._attn_implementation == "sdpa"  # restored
+        h = hidden[p["pred_index"]]
+        lp = torch.log_softmax(tiny_llama.lm_head(h), -1).gather(1, p["targets"][:, None]).squeeze(1)
+    torch.testing.assert_close(unpack(lp, p, 4, 8), ref, rtol=0, atol=1e-10)
