@@ -216,11 +216,13 @@ def write_prompts(path: Path, rows: list[dict]) -> None:
 
 
 def prompt_token_lengths(model_dir: str, rows: list[dict]) -> list[int]:
-    """Token counts of the prompts with the model's tokenizer (tokenizers only: no CUDA, fast)."""
-    from tokenizers import Tokenizer
+    """Token counts of the prompts as the product tokenizes them (``rlhf.models.load_tokenizer``,
+    AutoTokenizer, special tokens added as ``rlhf.loops.rl.tokenize_prompts`` does without a chat
+    template), so the limit check sees what the run will see."""
+    from rlhf.models import load_tokenizer
 
-    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-    return [len(e.ids) for e in tok.encode_batch([r["prompt"] for r in rows])]
+    tok = load_tokenizer(model_dir)
+    return [len(tok(r["prompt"], add_special_tokens=True)["input_ids"]) for r in rows]
 
 
 def make_tiny_model(out: Path) -> str:
@@ -321,6 +323,7 @@ def ours_step(r: dict, samples: int) -> dict:
     out["truncated"] = float(r.get("response/truncation_rate", 0.0))
     out["reward"] = r.get("reward/mean")
     out["mismatch"] = r.get("mismatch/logp_abs_mean")
+    out["mfu"] = r.get("perf/mfu")  # the actor update's, of the hardware's peak
     return out
 
 

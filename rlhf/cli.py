@@ -503,10 +503,16 @@ def execute(spec: Any) -> int:
     from rlhf.spec.errors import UserError
 
     if spec.hardware.accelerator == "cuda":
+        from rlhf.preflight import check_fits
         from rlhf.spec.memory import estimate
         from rlhf.spec.plan import warnings
 
-        for w in warnings(spec, estimate(spec)):
+        try:
+            check_fits(spec)  # a plan that does not fit stops before the run dir is made
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
     from rlhf.run import run
 

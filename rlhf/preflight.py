@@ -162,11 +162,25 @@ def check_rewards(spec: Any) -> None:
         load_env(env.fn)
 
 
+def check_fits(spec: Any) -> None:
+    """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
+    a promise both ways (what it calls fitting must run, and what it rejects never starts)."""
+    from rlhf.spec.memory import estimate
+    from rlhf.spec.plan import fits, warnings
+
+    est = estimate(spec)
+    if fits(spec, est):
+        return
+    first = next((w for w in warnings(spec, est) if w.startswith("✗")), "✗ does not fit")
+    raise UserError(first[2:] + " (rlhf-run <same overrides> --plan shows every figure)")
+
+
 def preflight(spec: Any, console: Any = None) -> Any:
     """Everything that can be checked in the driver before the cluster starts (UserError).
 
     For sft/rm/dpo that is reading and tokenising the data sets: the result (``prepare`` of the
     kind's loop) is returned for ``rlhf.run.run`` to hand to the loop; None for RL."""
+    check_fits(spec)
     check_output_dir(spec.output_dir or "outputs/run")
     if spec.algo.kind == "rl":
         from rlhf.data.prompts import read_rows

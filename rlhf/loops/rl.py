@@ -34,9 +34,11 @@ from rlhf.workers.sync import make_sync
 
 
 class Phases:
-    """Wall time per phase of a step: ``with phases("generate"): ...``."""
+    """Wall time per phase of a step: ``with phases("generate"): ...``. A CUDA out-of-memory
+    error in a phase becomes one line naming the phase, the plan's figure and what to change."""
 
-    def __init__(self):
+    def __init__(self, spec: Any = None):
+        self.spec = spec
         self.times: dict[str, float] = {}
 
     @contextlib.contextmanager
@@ -44,6 +46,14 @@ class Phases:
         t = time.perf_counter()
         try:
             yield
+        except Exception as e:
+            from rlhf.spec.failures import is_cuda_oom, oom_message
+
+            if self.spec is not None and is_cuda_oom(e):
+                from rlhf.spec.errors import UserError
+
+                raise UserError(oom_message(self.spec, name)) from None
+            raise
         finally:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
 
@@ -102,7 +112,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
         for step in range(start, spec.train.steps):
-            ph = Phases()
+            ph = Phases(spec)
             t_step = time.perf_counter()
 
             # ---- generate + reward (dynamic sampling keeps only groups that teach something)

@@ -349,25 +349,10 @@ def gpu_bytes_of_process(pid: Optional[int] = None) -> Optional[int]:
         return None
 
 
-class TrainerSyncMixin:
-    """Methods for the actor's training worker (``PolicyWorker``): GPU weight sync and, in hybrid
-    placement, moving DeepSpeed's states out of the GPU while vLLM generates. Expects
-    ``self.engine`` (a DeepSpeed engine), ``self.rank`` and ``self.spec``."""
-
-    def gpu_sync_setup(self, mode: str, engines: Sequence[Any], engine_tp: Sequence[int]) -> float:
-        """Rank 0 gets the engine handles; every rank keeps a sender (ZeRO-3 gathers are collective)."""
-        lead = self.rank == 0
-        self._sync_sender = make_sender(mode, engines if lead else [], engine_tp if lead else [])
-        if mode == "disaggregated" and self.rank != 0:
-            return 0.0
-        return float(self._sync_sender.setup() or 0.0)
-
-    def gpu_sync_send(self, bucket_mb: int = 512) -> dict[str, float]:
-        from rlhf.models.load import torch_dtype
-
-        src = WeightSource(self.engine.module, bucket_bytes=int(bucket_mb) << 20,
-                           dtype=torch_dtype(self.spec.model.dtype))
-        return self._sync_sender.send(src)
+class TrainStateMixin:
+    """Hybrid placement on GPU: DeepSpeed's states (weights, gradients, optimizer) leave the GPU
+    while vLLM generates and come back for training. For the actor and the critic; expects
+    ``self.engine`` (a DeepSpeed engine) and ``self.spec``."""
 
     def _offload_include(self):
         from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
@@ -375,8 +360,14 @@ class TrainerSyncMixin:
         if self.spec.train.zero_stage == 3:
             from deepspeed.ops.adam import FusedAdam
 
+            frozen = any(not p.requires_grad for p in self.engine.module.parameters())
             inner = getattr(self.engine.optimizer, "optimizer", None)
-            if not isinstance(inner, FusedAdam):  # DeepSpeed moves ZeRO-3 optimizer states for FusedAdam only
+            # DeepSpeed moves ZeRO-3 optimizer states for FusedAdam only, and its flat parameter
+            # buffer covers trained parameters only: with frozen ones (LoRA) it cannot move lp_params
+            if frozen:
+                return [S.lp_grads, S.contiguous_grad_buffer] + (
+                    [S.optim_states, S.hp_params] if isinstance(inner, FusedAdam) else [])
+            if not isinstance(inner, FusedAdam):
                 return [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]
         return None  # everything
 
@@ -404,6 +395,26 @@ class TrainerSyncMixin:
         return {"time/reload_train": time.perf_counter() - t0}
 
 
+class TrainerSyncMixin(TrainStateMixin):
+    """Methods for the actor's training worker (``PolicyWorker``): GPU weight sync and, in hybrid
+    placement, moving DeepSpeed's states out of the GPU while vLLM generates. Expects
+    ``self.engine`` (a DeepSpeed engine), ``self.rank`` and ``self.spec``."""
+
+    def gpu_sync_setup(self, mode: str, engines: Sequence[Any], engine_tp: Sequence[int]) -> float:
+        """Rank 0 gets the engine handles; every rank keeps a sender (ZeRO-3 gathers are collective)."""
+        lead = self.rank == 0
+        self._sync_sender = make_sender(mode, engines if lead else [], engine_tp if lead else [])
+        if mode == "disaggregated" and self.rank != 0:
+            return 0.0
+        return float(self._sync_sender.setup() or 0.0)
+
+    def gpu_sync_send(self, bucket_mb: int = 512) -> dict[str, float]:
+        from rlhf.models.load import torch_dtype
+
+        src = WeightSource(self.engine.module, bucket_bytes=int(bucket_mb) << 20,
+                           dtype=torch_dtype(self.spec.model.dtype))
+        return self._sync_sender.send(src)
+
 class CudaTransport:
     """``rlhf.workers.sync`` transport on GPU with vLLM engines (one per rollout worker).
 
@@ -424,6 +435,9 @@ class CudaTransport:
 
         self.spec = spec
         self.actor = cluster.actor
+        # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)
+        self.trained = [g for g in (cluster.actor, cluster.critic) if g is not None]
+        self.frozen = [g for g in (cluster.reference, cluster.reward_model) if g is not None]
         self.engines = list(cluster.rollout.workers)
         self.mode = spec.layout.mode
         self.hybrid = self.mode == "hybrid"
@@ -436,7 +450,7 @@ class CudaTransport:
         ray.get(self.actor.call_async("gpu_sync_setup", self.mode, self.engines, tps))
         self.setup_seconds = time.perf_counter() - t0
         if self.offload:  # generation first: DeepSpeed's states leave the GPU until the update
-            self.actor.call("offload_train_states")
+            self._on_trained("offload_train_states")
 
     def after_generate(self) -> dict[str, float]:
         import ray
@@ -446,20 +460,38 @@ class CudaTransport:
             mems = ray.get([_call(e, "engine_sleep", self.sleep_level) for e in self.engines])
             out.update(_mean_dicts(mems, prefix=""))
         if self.offload:
-            out.update(_mean_dicts(self.actor.call("reload_train_states"), prefix=""))
+            out.update(self._on_trained("reload_train_states"))
+        return out
+
+    def _on_trained(self, method: str) -> dict[str, float]:
+        return self._on_groups(self.trained, method)
+
+    @staticmethod
+    def _on_groups(groups, method: str) -> dict[str, float]:
+        """``method`` on every rank of ``groups`` at once; the first group's figures win on shared names."""
+        import ray
+
+        refs = [g.call_async(method) for g in groups]
+        results = [ray.get(r) for r in refs]
+        out: dict[str, float] = {}
+        for res in reversed(results):  # the actor is first: its figures are set last
+            out.update(_mean_dicts(res, prefix=""))
         return out
 
     def sync(self) -> dict[str, float]:
         import ray
 
         out: dict[str, float] = {}
+        if self.hybrid:  # the passes' cached activations go back to the device before vLLM wakes
+            groups = self.frozen if self.offload else self.trained + self.frozen
+            out.update(self._on_groups(groups, "release_cuda_cache"))
         if self.sleep:
             t = ray.get([_call(e, "engine_wake", ["weights"]) for e in self.engines])
             out["time/wake_weights"] = max(t)
         stats = [s for s in self.actor.call("gpu_sync_send", self.bucket_mb) if s]
         out.update({f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()})
         if self.offload:
-            out.update(_mean_dicts(self.actor.call("offload_train_states"), prefix=""))
+            out.update(self._on_trained("offload_train_states"))
         if self.sleep:
             t = ray.get([_call(e, "engine_wake", ["kv_cache"]) for e in self.engines])
             out["time/wake_kv_cache"] = max(t)

@@ -25,7 +25,7 @@ import torch
 from rlhf.data.batch import Batch, response_width, select, size
 from rlhf.data.packing import TOKEN_KEYS, pack, real_lengths, split_to_count, token_groups, unpack
 from rlhf.workers.base import Worker
-from rlhf.workers.sync_cuda import TrainerSyncMixin
+from rlhf.workers.sync_cuda import TrainerSyncMixin, TrainStateMixin
 
 Stats = dict[str, tuple[float, float]]
 
@@ -102,6 +102,18 @@ class _Model(Worker):
         if self.spec.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         return model
+
+    def release_cuda_cache(self) -> dict[str, float]:
+        """Return PyTorch's cached blocks (the activations of the passes just run) to the device
+        before vLLM wakes up on it (hybrid placement); the peak this process reserved since."""
+        if self.device != "cuda":
+            return {}
+        peak = torch.cuda.max_memory_reserved() / 2**30
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        who = "train" if self.role == "actor" else self.role  # the actor's figures keep the offload path's names
+        return {f"memory/{who}_peak_reserved_gib": peak, f"memory/{who}_resident_gib": torch.cuda.memory_reserved() / 2**30}
 
     def torch_device(self):
         return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
@@ -484,7 +496,7 @@ class _StatSums:
         return {k: (self.sums[k], self.weights[k]) for k in self.sums}
 
 
-class CriticWorker(_Model):
+class CriticWorker(TrainStateMixin, _Model):
     """PPO's value model, trained with the clipped value loss."""
 
     kind = "token_value"

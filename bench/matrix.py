@@ -1,0 +1,187 @@
+"""The GPU scale matrix: every cell planned, then run if the plan says it fits.
+
+    python -m bench.matrix                       # every cell not yet in the results file
+    python -m bench.matrix --cells 05b-grpo,7b-lora-grpo --budget-s 500
+    python -m bench.matrix --list                # the cells and their overrides
+
+A cell is a set of ``rlhf-run`` overrides on a random-weight model of a preset's shape
+(``bench.make_model``). For each cell:
+
+1. ``--plan``: does it fit, and the plan's training/generation figures (GB per GPU);
+2. fits → 2 RL steps (or a short supervised run), a checkpoint and the final HF export; recorded:
+   exit code, seconds per step, the measured peak memory (``memory/*`` metrics) against the plan,
+   the trainer-vs-vLLM log-prob mismatch, whether ``final/hf`` was written;
+3. does not fit → the same command without ``--plan`` must stop before anything starts (exit 2,
+   within seconds, no Ray cluster).
+
+Results are appended as JSON lines to ``--results`` (one line a cell, newest last), so a matrix
+larger than one stretch of GPU time is run over several and each run skips the cells done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = Path(os.environ.get("RLHF_GPU_MODELS", "/tmp/rlhf-gpu/models"))
+RUNS = Path("/tmp/rlhf-gpu/matrix")
+SMALL = ["train.steps=2", "train.prompts_per_step=8", "algo.group_size=4", "rollout.max_response_tokens=256",
+         "checkpoint.every=2", "tracking=none", "tracking.console=plain",
+         "reward.functions=[{fn: bench.rewards:letters}]"]
+SUPERVISED = ["tracking=none", "tracking.console=plain", "algo.epochs=1", "train.prompts_per_step=16",
+              "checkpoint.every=2"]
+
+
+def _rl(preset: str, *extra: str) -> list[str]:
+    return [f"model={preset}", "hardware=1xh200", "placement=hybrid", *SMALL, *extra]
+
+
+# name -> (preset, overrides); the presets are conf/model/<preset>.yaml
+CELLS: dict[str, tuple[str, list[str]]] = {
+    "05b-grpo": ("qwen2.5-0.5b", _rl("qwen2.5-0.5b", "algo=grpo")),
+    "05b-grpo-offload": ("qwen2.5-0.5b", _rl("qwen2.5-0.5b", "algo=grpo", "placement.offload_train_state=true")),
+    "05b-ppo": ("qwen2.5-0.5b", _rl("qwen2.5-0.5b", "algo=ppo")),
+    "05b-grpo-lora": ("qwen2.5-0.5b", _rl("qwen2.5-0.5b", "algo=grpo", "model.lora.rank=16", "model.lora.alpha=32")),
+    "15b-grpo": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=grpo")),
+    "15b-ppo": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=ppo")),
+    "15b-grpo-zero3": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=grpo", "train.zero_stage=3")),
+    "7b-lora-grpo": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo", "model.lora.rank=16", "model.lora.alpha=32")),
+    "7b-lora-grpo-offload": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo", "model.lora.rank=16",
+                                               "model.lora.alpha=32", "placement.offload_train_state=true")),
+    "7b-grpo": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo")),
+    "7b-grpo-optoff": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo", "train.offload_optimizer=true")),
+    "15b-sft": ("qwen2.5-1.5b", ["algo=sft", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
+    "15b-rm": ("qwen2.5-1.5b", ["algo=rm", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
+    "15b-dpo": ("qwen2.5-1.5b", ["algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
+}
+
+FIGURE = re.compile(r"^\s+(training phase|generation phase|actor|rollout):.*= ([0-9.]+) of ([0-9.]+)", re.M)
+MEMORY_KEYS = ("memory/train_peak_reserved_gib", "memory/train_resident_gib", "memory/vllm_freed_gib",
+               "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
+
+
+def say(msg: str) -> None:
+    print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def model_dir(preset: str) -> Path:
+    d = MODELS / f"{preset}-random"
+    if not (d / "config.json").exists():
+        t = time.time()
+        subprocess.run([sys.executable, "-m", "bench.make_model", preset, str(d)], cwd=ROOT, check=True)
+        say(f"built {d} in {time.time() - t:.0f} s")
+    return d
+
+
+def supervised_data(kind: str) -> list[str]:
+    """Tiny local data sets for the supervised cells, made by rlhf-data (no hub)."""
+    what = "sft" if kind == "sft" else "preference"
+    d = RUNS / "data" / what
+    f = d / "train.jsonl"
+    if not f.exists():
+        subprocess.run([sys.executable, "-m", "rlhf.data.cli", "make", what, "--out", str(d), "--n", "64"], cwd=ROOT,
+                       check=True)
+    return [f"data.train_files=[{f}]"]
+
+
+def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:
+    t = time.time()
+    try:
+        r = subprocess.run([sys.executable, "-m", "rlhf.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout)
+        return r.returncode, r.stdout + r.stderr, time.time() - t
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out, time.time() - t
+
+
+def run_cell(name: str, deadline: float) -> dict:
+    preset, overrides = CELLS[name]
+    path = model_dir(preset)
+    out_dir = RUNS / name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    args = [*overrides, f"model.path={path}", f"output_dir={out_dir}"]
+    if overrides[0] in ("algo=sft", "algo=rm", "algo=dpo"):
+        args += supervised_data(overrides[0].split("=")[1])
+    rec: dict = {"cell": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": overrides}
+    rc, text, _ = run_cli(args + ["--plan"], 120)
+    rec["plan_rc"] = rc
+    rec["plan_fits"] = "✓ fits" in text
+    rec["plan"] = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
+    rec["plan_lines"] = [ln for ln in text.splitlines() if ln.startswith(("steps:", "✗", "!", "✓", "  training", "  generation"))]
+    if not rec["plan_fits"]:
+        rc, text, dt = run_cli(args, 120)
+        rec.update(run_rc=rc, run_s=round(dt, 1), refused_before_start=rc == 2 and "Started a local Ray" not in text,
+                   last_line=text.strip().splitlines()[-1][:300] if text.strip() else "")
+        return rec
+    left = deadline - time.time()
+    rc, text, dt = run_cli(args, max(left, 60))
+    rec.update(run_rc=rc, run_s=round(dt, 1), last_lines=text.strip().splitlines()[-3:])
+    metrics = out_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    if rows:
+        last = rows[-1]
+        rec["step_s"] = last.get("time/step")
+        rec["mismatch"] = last.get("mismatch/logp_abs_mean")
+        rec["mfu"] = last.get("perf/mfu")
+        for k in MEMORY_KEYS:
+            vals = [r[k] for r in rows if k in r]
+            if vals:
+                rec[k] = max(vals)
+    rec["exported"] = (out_dir / "final" / "hf" / "config.json").exists()
+    rec["checkpointed"] = any((out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").exists() else False
+    train_gb = rec["plan"].get("training phase") or rec["plan"].get("actor")
+    peak = rec.get("memory/train_peak_reserved_gib")
+    if train_gb and peak:
+        rec["train_measured_over_plan"] = round(peak * 2**30 / 1e9 / train_gb, 3)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a 7B export is 15 GB: the disk is 64 GB
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default="", help="comma-separated cell names (default: all not yet done)")
+    ap.add_argument("--results", default=os.environ.get("RLHF_MATRIX_RESULTS", "/tmp/rlhf-gpu/matrix.jsonl"))
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("JOB_TIMEOUT_S", 540)))
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--redo", action="store_true", help="run cells already in the results file again")
+    a = ap.parse_args(argv)
+    if a.list:
+        for n, (p, o) in CELLS.items():
+            print(f"{n:<24} {' '.join(o)}")
+        return 0
+    deadline = time.time() + a.budget_s - 20
+    results = Path(a.results)
+    done = set()
+    if results.exists() and not a.redo:
+        done = {json.loads(x)["cell"] for x in results.read_text().splitlines() if x.strip()}
+    names = [n for n in (a.cells.split(",") if a.cells else CELLS) if n]
+    for n in names:
+        if n not in CELLS:
+            print(f"unknown cell {n!r}; --list shows them", file=sys.stderr)
+            return 2
+        if n in done:
+            say(f"{n}: done earlier (--redo runs it again)")
+            continue
+        if time.time() > deadline - 90:
+            say(f"{n}: skipped, budget spent")
+            continue
+        say(f"{n}: start")
+        rec = run_cell(n, deadline)
+        results.parent.mkdir(parents=True, exist_ok=True)
+        with open(results, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print("RESULT " + json.dumps(rec), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

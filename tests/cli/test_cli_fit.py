@@ -1,0 +1,19 @@
+"""A GPU run whose plan does not fit stops before anything starts: one line, exit 2, no run dir."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_non_fitting_gpu_plan_stops_before_the_run_dir(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rlhf.cli", "model=qwen2.5-7b", "hardware=1xh200",
+                        "train.offload_optimizer=false", f"model.path={tmp_path}", f"output_dir={out}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: does not fit: the training phase needs"), r.stderr
+    assert "Try " in lines[0]
+    assert not out.exists()
