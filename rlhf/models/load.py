@@ -90,3 +90,25 @@ def load_model(path: str, kind: str = "causal_lm", dtype: str = "float32", pad_t
     if pad_token_id is not None and getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = pad_token_id
     return model
+
+
+def apply_liger(model) -> None:
+    """Liger's fused RMSNorm, SwiGLU and RoPE kernels in this model instance (``model.liger_kernels``).
+    Its fused cross-entropy stays off: log-probs are computed by ``rlhf.algos.logprobs``."""
+    import inspect
+
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        raise UserError("model.liger_kernels=true needs the liger-kernel package (pip install liger-kernel). "
+                        "Install it or use model.liger_kernels=false.") from None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    model_type = getattr(base.config, "model_type", None)
+    fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if fn is None:
+        raise UserError(f"model.liger_kernels=true: Liger has no kernels for model_type={model_type!r}. "
+                        "Use model.liger_kernels=false.")
+    want = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
+            "fused_linear_cross_entropy": False, "model": base}
+    params = inspect.signature(fn).parameters
+    fn(**{k: v for k, v in want.items() if k in params})

@@ -163,6 +163,9 @@ class ModelSpec(Frozen):
     tie_embeddings: bool = False
     dtype: str = "bfloat16"  # bfloat16 | float16 | float32
     gradient_checkpointing: bool = False
+    # GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the training-side models (fewer,
+    # fused elementwise passes; the log-probs are chunked by rlhf.algos.logprobs either way)
+    liger_kernels: bool = False
     lora: LoraSpec = field(default_factory=LoraSpec)  # rank > 0: train LoRA adapters, not the policy's weights
 
 

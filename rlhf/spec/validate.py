@@ -106,6 +106,9 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
         return p
     _lora_problems(p, s)
+    if s["model"].liger_kernels and hw.accelerator != "cuda":
+        p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
+                 f"hardware={hw.name} has none. Use model.liger_kernels=false.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
     _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))

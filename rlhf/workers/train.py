@@ -99,6 +99,10 @@ class _Model(Worker):
         tok = load_tokenizer(path)
         torch.manual_seed(self.spec.train.seed)  # new heads (critic, reward) start identical everywhere
         model = load_model(path, kind or self.kind, "float32", pad_token_id=tok.pad_token_id)
+        if self.spec.model.liger_kernels:
+            from rlhf.models.load import apply_liger
+
+            apply_liger(model)
         if self.spec.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         return model
