@@ -18,7 +18,7 @@ STEPS, EVERY, KILL_AFTER = 4, 2, 2  # checkpoint after steps 2 and 4; kill once 
 TOY = ["algo=grpo", f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "train.prompts_per_step=16",
        "rollout.max_response_tokens=4", "train.seed=1", "tracking=none", "tracking.console=plain",
        "ray.num_cpus=4"]
-TIMING = ("time/", "throughput/")
+TIMING = ("time/", "throughput/", "perf/")
 
 
 def _env(cache: Path) -> dict:

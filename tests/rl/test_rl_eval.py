@@ -158,8 +158,8 @@ def test_eval_does_not_change_training(eval_run, data, tmp_path):
     assert code == 0 and len(rows) == n
     compared = 0
     for a, b in zip(eval_run["rows"][:n], rows):
-        keys = {k for k in a if not k.startswith(("time/", "throughput/", "eval/"))}
-        assert keys == {k for k in b if not k.startswith(("time/", "throughput/"))}, a["step"]
+        keys = {k for k in a if not k.startswith(("time/", "throughput/", "perf/", "eval/"))}
+        assert keys == {k for k in b if not k.startswith(("time/", "throughput/", "perf/"))}, a["step"]
         for k in keys:
             assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-7), (a["step"], k, a[k], b[k])
             compared += 1

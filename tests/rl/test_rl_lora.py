@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.rl.conftest import fifth_means, run_rl
+from tests.rl.conftest import fifth_means, make_spec, run_rl
 
 RANK, ALPHA = 4, 8.0
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -206,6 +206,16 @@ def test_lora_grpo_learns(lora_run):
     assert last >= first + MARGIN, (first, last)
 
 
+def test_lora_reference_is_the_actor_with_its_adapters_off(lora_run):
+    """No reference workers: the KL term's reference is the actor with its adapters switched off,
+    which at the start (B = 0) is the policy itself, and stays the base model as the adapters train."""
+    rows = lora_run["rows"]
+    assert abs(rows[0]["kl/mean"]) < 1e-6
+    assert max(r["kl/mean"] for r in rows) > 1e-3
+    spec = make_spec(LORA, lora_run["dir"] / "probe")
+    assert spec.algo.kl.coef > 0 and "reference" not in spec.roles
+
+
 def test_rollout_engine_runs_the_trainers_merged_weights(lora_run):
     """Greedy decoding is deterministic: the engine (synced weights), an HF model loaded from the
     exported merged weights, and the base model with the exported adapter must answer alike."""
@@ -244,7 +254,7 @@ def test_lora_checkpoint_holds_the_adapters_and_resumes(lora_run, tmp_path):
     assert [r["step"] for r in rows] == [EVERY, EVERY + 1]
     for r in rows:
         for k, v in r.items():
-            if not k.startswith(("time/", "throughput/")):
+            if not k.startswith(("time/", "throughput/", "perf/")):
                 assert abs(v - ref[r["step"]][k]) <= 1e-6, (r["step"], k, v, ref[r["step"]][k])
 
 
