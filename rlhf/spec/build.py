@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlhf.spec import schema as S
+from rlhf.spec.auto import Decision, resolve
 from rlhf.spec.errors import SpecError
 from rlhf.spec.validate import validate
 
@@ -74,6 +75,7 @@ class RunSpec(S.Frozen):
     rollout_engine: str  # resolved: hf | vllm
     overrides: tuple[str, ...] = field(default_factory=tuple)  # the command line's overrides
     changes: tuple[str, ...] = field(default_factory=tuple)  # what differs from the defaults (for the plan)
+    auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.spec.auto)
 
     @property
     def device(self) -> str:
@@ -344,6 +346,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
         overrides=tuple(overrides),
         changes=tuple(changes),
     )
+    spec.auto = resolve(spec)
     return freeze(spec)
 
 
@@ -394,8 +397,16 @@ CONFIG_SECTIONS = tuple(f.name for f in dataclasses.fields(S.RunConfig))
 
 
 def config_dict(spec: RunSpec) -> dict[str, Any]:
-    """The user-facing config of a spec (no derived fields): ``build`` of it gives the same spec."""
-    return {k: to_dict(getattr(spec, k)) for k in CONFIG_SECTIONS}
+    """The user-facing config of a spec (no derived fields, ``auto`` where the config said so):
+    ``build`` of it gives the same spec."""
+    out = {k: to_dict(getattr(spec, k)) for k in CONFIG_SECTIONS}
+    for d in spec.auto:
+        *path, leaf = d.key.split(".")
+        node = out
+        for part in path:
+            node = node[part]
+        node[leaf] = d.given
+    return out
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -27,6 +27,11 @@ FIT_MARGIN = 0.95
 # Activation bytes per token per hidden unit of one transformer layer at 16 bits (Korthikanti et
 # al. 2022, with flash attention so no s² term).
 ACT_BYTES_PER_LAYER = 34
+# Log-probs and entropy are computed from the hidden states in chunks of at most this many logits, so
+# no [tokens, vocab] tensor is ever whole.
+LOGITS_CHUNK = 2**24
+# The figures that hold training state (hybrid's training phase, or a training role's GPUs).
+TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
 
 
 def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
@@ -89,26 +94,28 @@ def frozen_model_gb(params: int, shards: int, zero_stage: int, dtype: str) -> fl
     return DTYPE_BYTES[dtype] * params / (max(shards, 1) if zero_stage >= 3 else 1) / GB
 
 
-def activations_gb(m: ModelSpec, micro_batch: int, seq_len: int, lm_head: bool = True) -> float:
-    """Activation memory of one training micro-batch (Korthikanti et al. 2022, flash attention, no TP).
+def activations_gb(m: ModelSpec, tokens: int, lm_head: bool = True) -> float:
+    """Activation memory of one training micro-batch of ``tokens`` packed tokens (Korthikanti et al.
+    2022, flash attention, no TP).
 
-    Per layer 34·s·b·h bytes at 16 bits; with gradient checkpointing only each layer's input
-    (2·s·b·h) is kept, plus one layer being recomputed (34·s·b·h). fp32 weights double it. A model
-    with an LM head adds its fp32 logits and their gradient, 8·s·b·V.
+    Per layer 34·t·h bytes at 16 bits; with gradient checkpointing only each layer's input (2·t·h) is
+    kept, plus one layer being recomputed (34·t·h). fp32 weights double it. A model with an LM head
+    computes log-probs chunk by chunk from the hidden states: one chunk of fp32 logits and their
+    gradient, 8·min(t·V, LOGITS_CHUNK) bytes.
     """
-    sbh = seq_len * micro_batch * m.hidden
+    th = tokens * m.hidden
     scale = DTYPE_BYTES[m.dtype] / 2
     if m.gradient_checkpointing:
-        layers = (2 * sbh * m.n_layers + ACT_BYTES_PER_LAYER * sbh) * scale
+        layers = (2 * th * m.n_layers + ACT_BYTES_PER_LAYER * th) * scale
     else:
-        layers = ACT_BYTES_PER_LAYER * sbh * m.n_layers * scale
-    logits = 8 * seq_len * micro_batch * m.vocab if lm_head else 0
+        layers = ACT_BYTES_PER_LAYER * th * m.n_layers * scale
+    logits = 8 * min(tokens * m.vocab, LOGITS_CHUNK) if lm_head else 0
     return (layers + logits) / GB
 
 
-def logits_gb(m: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """A forward-only pass (reference log-probs): the fp32 logits of one micro-batch, 4·s·b·V."""
-    return 4 * seq_len * micro_batch * m.vocab / GB
+def logits_gb(m: ModelSpec, tokens: int) -> float:
+    """A forward-only pass (reference log-probs): one chunk of fp32 logits, 4·min(t·V, LOGITS_CHUNK)."""
+    return 4 * min(tokens * m.vocab, LOGITS_CHUNK) / GB
 
 
 @dataclass
@@ -138,8 +145,7 @@ def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
 def estimate(spec: Any) -> Estimate:
     """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated)."""
     m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
-    seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
-    micro = spec.batch.micro_batch_size
+    tokens = train.max_tokens_per_micro_batch
     cuda = hw.accelerator == "cuda"
     runtime = {"runtime": CUDA_OVERHEAD_GB} if cuda else {}
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
@@ -155,11 +161,14 @@ def estimate(spec: Any) -> Estimate:
         actor["actor weights"] += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
     else:
         actor = states("actor", p_policy)
-    actor_act = {"activations": activations_gb(m, micro, seq)}
+    actor_act = {"activations": activations_gb(m, tokens)}
     critic = states("critic", p_value) if "critic" in spec.roles else {}
+    # RL with LoRA: the reference is the policy with its adapters disabled, so on the actor's GPUs
+    # (hybrid) it needs no weights of its own.
+    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
     reference = (
         {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)}
-        if "reference" in spec.roles else {}
+        if "reference" in spec.roles and not shared_reference else {}
     )
     reward = (
         {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)}
@@ -189,9 +198,9 @@ def estimate(spec: Any) -> Estimate:
     # Disaggregated: each role on its own GPUs; a figure for one GPU of each.
     est.figures["actor"] = {**actor, **actor_act, **runtime}
     if critic:
-        est.figures["critic"] = {**critic, "activations": activations_gb(m, micro, seq, lm_head=False), **runtime}
+        est.figures["critic"] = {**critic, "activations": activations_gb(m, tokens, lm_head=False), **runtime}
     if reference:
-        est.figures["reference"] = {**reference, "logits": logits_gb(m, micro, seq), **runtime}
+        est.figures["reference"] = {**reference, "logits": logits_gb(m, tokens), **runtime}
     if reward:
         est.figures["reward"] = {**reward, **runtime}
     if rollout:
@@ -218,7 +227,8 @@ def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None
         sharded += b * p_policy + trained * p_lora if p_lora else trained * p_policy
     if (hybrid and "critic" in spec.roles) or name == "critic":
         sharded += trained * p_value
-    if (hybrid and "reference" in spec.roles) or name == "reference":
+    shared_reference = lora_param_count(m) > 0 and spec.algo.kind == "rl"
+    if (hybrid and "reference" in spec.roles and not shared_reference) or name == "reference":
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or name == "reward":
         sharded += b * p_value

@@ -10,22 +10,18 @@ idle devices.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from rlhf.spec.advice import setting_that_fits, suggestions
 from rlhf.spec.memory import (
-    DTYPE_BYTES,
     FIT_MARGIN,
-    GB,
+    TRAINING_FIGURES,
     Estimate,
     estimate,
     lora_param_count,
     min_gpus,
-    min_tensor_parallel,
     param_count,
 )
-
-TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
 
 
 def _ranges(devs: tuple[int, ...]) -> str:
@@ -49,51 +45,16 @@ def fits(spec: Any, est: Estimate) -> bool:
 
 
 def _advice(spec: Any, est: Estimate, name: str) -> str:
-    """What to change when the figure ``name`` does not fit."""
-    hw, train, m, pl = spec.hardware, spec.train, spec.model, spec.placement
-    parts = est.figures[name]
-    tips: list[str] = []
-    if name in TRAINING_FIGURES:
-        if train.zero_stage < 3:
-            tips.append("train.zero_stage=3")
-        optimizer = sum(v for k, v in parts.items() if k.endswith("optimizer"))
-        if optimizer > 0:
-            tips.append(f"train.offload_optimizer=true (saves {optimizer:.0f} GB)")
-        if name in ("training phase", "actor", "critic"):
-            if not m.gradient_checkpointing:
-                tips.append("model.gradient_checkpointing=true")
-            if spec.batch.micro_batch_size > 1:
-                tips.append(f"train.micro_batch_size={max(spec.batch.micro_batch_size // 2, 1)}")
-        n = min_gpus(spec, est, name)
-        where = "in all" if name == "training phase" else f"for the {name} (placement.{name}=N)"
-        if n:
-            more = f"about {n} GPUs of {hw.device_memory_gb:g} GB {where} at ZeRO-3"
-            if optimizer > 0:
-                n_off = min_gpus(spec, est, name, offload_optimizer=True)
-                if n_off and n_off < n:
-                    more += f" ({n_off} with the optimizer offloaded)"
-            tips.append(more)
-        else:
-            tips.append("a smaller model or sequence length: activations and runtime alone do not fit")
-    else:  # generation phase / rollout
-        weights = parts.get("vLLM weights", 0.0)
-        share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-        if weights > share / 2:
-            tp = min_tensor_parallel(spec)
-            if tp > spec.layout.rollout_tp:
-                tips.append(f"placement.rollout.tensor_parallel={tp}")
-            elif not tp:
-                full = DTYPE_BYTES[m.dtype] * param_count(m) / GB
-                need = 1 << max(math.ceil(full / (share / 2)) - 1, 0).bit_length()
-                tips.append(
-                    f"hardware with {need} or more GPUs per node, for placement.rollout.tensor_parallel={need} "
-                    f"(vLLM's weights are {full:.0f} GB in all)"
-                )
-        if pl.mode == "hybrid" and not pl.offload_train_state:
-            tips.append("placement.offload_train_state=true")
-        if spec.rollout.gpu_memory_utilization > 0.3 and weights <= share / 2:
-            tips.append(f"rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization - 0.1:.1f}")
-    return "Try " + "; ".join(tips) + "." if tips else "Use more GPUs or a smaller model."
+    """What to change when the figure ``name`` does not fit: settings checked by building them
+    (rlhf.spec.advice), each with the figure it gives."""
+    tips = []
+    for s in suggestions(spec, est, name):
+        tips.append(f"{' '.join(s.overrides)} ({'fits, ' if s.fits else ''}{s.total:.0f} GB)")
+    if tips:
+        return "Try " + "; ".join(tips) + "."
+    if name in TRAINING_FIGURES and not min_gpus(spec, est, name):
+        return "Use a smaller model or sequence length: activations and runtime alone do not fit."
+    return "Use more GPUs or a smaller model."
 
 
 def warnings(spec: Any, est: Estimate) -> list[str]:
@@ -117,6 +78,9 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
                     f"(rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization:g} × "
                     f"{hw.device_memory_gb:g} GB = {share:.1f} GB): no room for a KV cache. {_advice(spec, est, name)}"
                 )
+    if hw.accelerator == "cuda" and spec.train.zero_stage == 3 and spec.batch.train_world_size == 1:
+        out.append("! train.zero_stage=3 with 1 rank shards nothing and gathers the weights in every pass "
+                   "(slower than ZeRO-2). Leave train.zero_stage at auto, or set 2.")
     used: set[int] = set()
     for devs in lay.roles.values():
         used.update(devs)
@@ -134,6 +98,17 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
             "Use placement.rollout.engines=0 (as many as fit)."
         )
     return out
+
+
+def _decisions(spec: Any) -> list[str]:
+    """One line per value the build chose from the memory figures (rlhf.spec.auto), with its reason."""
+    shown = {
+        "train.zero_stage": lambda v: f"ZeRO-{v}",
+        "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",
+        "placement.offload_train_state": lambda v: (
+            "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
+    }
+    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
 
 def render_plan(spec: Any) -> str:
@@ -162,6 +137,8 @@ def render_plan(spec: Any) -> str:
         ckpt += (f" · LoRA r={lora.rank} α={lora.alpha:g} on {','.join(lora.target_modules)}"
                  f" ({trained} trained parameters)")
     lines.append(f"model: {spec.model.path} · {size} parameters · {spec.model.dtype}{ckpt}")
+    t = spec.train.max_tokens_per_micro_batch
+    tokens = f" · ≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch)"
     if a.kind == "rl":
         kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"
         critic = f" · critic lr {a.critic.lr:g}" if a.critic is not None else ""
@@ -172,7 +149,7 @@ def render_plan(spec: Any) -> str:
         lines.append(
             f"batch: {b.prompts_per_step} prompts × {b.group_size} samples = {b.samples_per_step} samples/step → "
             f"{b.optimizer_steps_per_step} optimizer step(s) of {b.mini_batch_size} "
-            f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks)"
+            f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks){tokens}"
         )
         lines.append(
             f"rollout: {spec.rollout_engine} · {spec.rollout.max_prompt_tokens} prompt + "
@@ -184,11 +161,12 @@ def render_plan(spec: Any) -> str:
         unit = "examples" if a.kind == "sft" else "pairs"
         lines.append(
             f"batch: {b.prompts_per_step} {unit} per optimizer step "
-            f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks)"
+            f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks){tokens}"
         )
     offload = " · optimizer offloaded" if spec.train.offload_optimizer else ""
     length = f"steps: {spec.train.steps}" if a.kind == "rl" else f"epochs: {a.epochs}"
     lines.append(f"{length} · ZeRO-{spec.train.zero_stage}{offload} · seed {spec.train.seed}")
+    lines.extend(_decisions(spec))
 
     lines.append(f"placement ({lay.mode}, {lay.total_devices} device{'s' if lay.total_devices > 1 else ''}):")
     if lay.mode == "hybrid":
@@ -219,6 +197,10 @@ def render_plan(spec: Any) -> str:
         lines.append(f"memory: CPU run; model states ~{est.total('training phase' if 'training phase' in est.figures else 'actor'):.2f} GB of host memory")
     warns = warnings(spec, est)
     lines.extend(warns)
+    if gpu and not fits(spec, est):
+        fix = setting_that_fits(spec)
+        if fix:
+            lines.append(f"→ a setting that fits: {' '.join(fix)}")
     if gpu:
         lines.append("✓ fits" if fits(spec, est) else "✗ does not fit (see above)")
     return "\n".join(lines)

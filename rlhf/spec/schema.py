@@ -204,7 +204,9 @@ class PlacementSpec(Frozen):
     rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
     # hybrid only: the switches that let training and generation share a GPU
     sleep_rollout: bool = True
-    offload_train_state: bool = True
+    # DeepSpeed's states leave the GPU while vLLM generates. auto: they stay when the plan's generation
+    # phase fits with them resident (rlhf.spec.auto), since moving them costs time every step.
+    offload_train_state: Any = "auto"  # auto | true | false (checked by validation)
 
 
 # --------------------------------------------------------------------------- rollout / train
@@ -227,9 +229,17 @@ class TrainSpec(Frozen):
     steps: int = 100
     prompts_per_step: int = 16
     micro_batch_size: int = 8  # samples per forward/backward on one rank
-    zero_stage: int = 0
+    # Tokens per packed forward/backward on one rank (the RL passes pack samples up to this budget);
+    # None = micro_batch_size × (rollout.max_prompt_tokens + rollout.max_response_tokens). The built
+    # spec always holds an int.
+    max_tokens_per_micro_batch: Optional[int] = None
+    # 0-3, or auto: the spec build picks from the plan's memory figures (rlhf.spec.auto): ZeRO-3
+    # only when several ranks share the model and ZeRO-2 does not fit; 0 on CPU. The built spec holds an int.
+    zero_stage: Any = "auto"  # auto | 0-3 (checked by validation)
     seed: int = 0
-    offload_optimizer: bool = False
+    # Adam's state in host memory (DeepSpeed's CPU Adam); auto: on only when the training figure does
+    # not fit otherwise. The built spec holds a bool.
+    offload_optimizer: Any = "auto"  # auto | true | false (checked by validation)
 
 
 # --------------------------------------------------------------------------- data / reward / tracking

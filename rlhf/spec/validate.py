@@ -194,13 +194,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         )
     elif placement_ok:
         p.extend(_batch_problems(s, roles))
-    if train.zero_stage not in (0, 1, 2, 3):
-        p.append(f"train.zero_stage={train.zero_stage} is not a ZeRO stage. Use 0, 1, 2 or 3.")
-    elif train.offload_optimizer and train.zero_stage == 0:
-        p.append(
-            "train.offload_optimizer=true needs ZeRO (DeepSpeed offloads the optimizer state of ZeRO "
-            "stages 1-3), but train.zero_stage=0. Use train.zero_stage=2 or 3, or train.offload_optimizer=false."
-        )
+    _train_memory_problems(p, s)
     if rollout.max_response_tokens < 1 or rollout.max_prompt_tokens < 1:
         p.append("rollout.max_prompt_tokens and rollout.max_response_tokens must be >= 1.")
     if rollout.temperature <= 0 and "rollout" in roles:
@@ -279,6 +273,37 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             p.append("env.fn with eval.every > 0 is not supported (evaluation is single-turn): set eval.every=0.")
     _choice(p, "mode", s["mode"], ("run", "plan"))
     return p
+
+
+def _is(value: Any, options: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``options`` with its type too (True is not the ZeRO stage 1)."""
+    return any(value == o and type(value) is type(o) for o in options)
+
+
+def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
+    """train.zero_stage / offload_optimizer / max_tokens_per_micro_batch, placement.offload_train_state."""
+    train, rollout, pl = s["train"], s["rollout"], s["placement"]
+    if not _is(train.zero_stage, ("auto", 0, 1, 2, 3)):
+        p.append(f"train.zero_stage={train.zero_stage!r} is not a ZeRO stage. Use auto (the plan picks), 0, 1, 2 or 3.")
+    if not _is(train.offload_optimizer, ("auto", True, False)):
+        p.append(f"train.offload_optimizer={train.offload_optimizer!r} is not valid. Use auto (on only when "
+                 "the training memory needs it), true or false.")
+    elif train.offload_optimizer is True and _is(train.zero_stage, (0,)):
+        p.append(
+            "train.offload_optimizer=true needs ZeRO (DeepSpeed offloads the optimizer state of ZeRO "
+            "stages 1-3), but train.zero_stage=0. Use train.zero_stage=2 or 3 (or auto), or train.offload_optimizer=false."
+        )
+    if not _is(pl.offload_train_state, ("auto", True, False)):
+        p.append(f"placement.offload_train_state={pl.offload_train_state!r} is not valid. Use auto (offload "
+                 "only when the training states and vLLM do not fit side by side), true or false.")
+    budget = train.max_tokens_per_micro_batch
+    seq = rollout.max_prompt_tokens + rollout.max_response_tokens
+    if budget is not None and (budget < 1 or budget < seq):
+        p.append(
+            f"train.max_tokens_per_micro_batch={budget} is less than one sequence (rollout.max_prompt_tokens + "
+            f"rollout.max_response_tokens = {seq} tokens). Use train.max_tokens_per_micro_batch={seq} or more, "
+            f"or null (= train.micro_batch_size × {seq})."
+        )
 
 
 def _lora_problems(p: list[str], s: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@
   The output root is the nearest ancestor of the run dir named ``outputs``, else the run dir's
   parent.
 * params: the flattened resolved config (``rlhf.spec.build.flatten(config_dict(spec))``) plus the
-  derived batch plan and layout (``derived.*``); artifacts: ``spec.yaml`` and ``config.yaml``.
+  derived batch plan, layout and ``auto`` decisions (``derived.*``); artifacts: ``spec.yaml`` and
+  ``config.yaml``.
 * metrics: one ``log_batch`` per step.
 """
 
@@ -69,6 +70,7 @@ def _params(spec: Any) -> dict[str, str]:
     params.update(flatten({"batch": to_dict(spec.batch)}, "derived."))
     params["derived.roles"] = ",".join(spec.roles)
     params["derived.rollout_engine"] = spec.rollout_engine
+    params.update({f"derived.{d.key}": d.value for d in getattr(spec, "auto", ())})  # what auto chose
     return redact({k: str(v)[:6000] for k, v in params.items()})
 
 

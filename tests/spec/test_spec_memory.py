@@ -48,11 +48,12 @@ def doc_params(m: dict, value_head: bool = False) -> int:
     return body + (0 if m["tie_embeddings"] else V * h)
 
 
-def doc_activations(m: dict, s: int, B: int, checkpointing: bool) -> float:
+def doc_activations(m: dict, t: int, checkpointing: bool) -> float:
+    """t tokens per packed micro-batch; one chunk of at most 2^24 fp32 logits and its gradient."""
     h, L, V = m["hidden"], m["n_layers"], m["vocab"]
     b = 2 if m["dtype"] in ("bfloat16", "float16") else 4
-    layers = (2 * s * B * h * L + 34 * s * B * h) if checkpointing else 34 * s * B * h * L
-    return (layers * (b / 2) + 8 * s * B * V) / 1e9
+    layers = (2 * t * h * L + 34 * t * h) if checkpointing else 34 * t * h * L
+    return (layers * (b / 2) + 8 * min(t * V, 2**24)) / 1e9
 
 
 LLAMA8 = ("algo=grpo", "model=llama3-8b", "hardware=8xh100")
@@ -67,23 +68,33 @@ def test_hybrid_plan_figures_follow_the_doc(capsys):
     out = plan(capsys, *LLAMA8, "placement=hybrid")
     m, md, hw = load("model", "llama3-8b"), load("model_defaults", "llama3-8b"), load("hardware", "8xh100")
     P, N, b = doc_params(m), hw["devices_per_node"] * hw["nodes"], 2
-    assert md["train"]["zero_stage"] == 3
+    assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-2 (it fits, see below)
     s = md["rollout"]["max_prompt_tokens"] + md["rollout"]["max_response_tokens"]
-    B = md["train"]["micro_batch_size"]
+    t = md["train"]["micro_batch_size"] * s
+    assert f"≤ {t} tokens per micro-batch" in out
     expect = {
-        "actor weights": b * P / N / 1e9,
+        "actor weights": b * P / 1e9,
         "actor grads": b * P / N / 1e9,
         "actor optimizer": 12 * P / N / 1e9,
-        "reference weights": b * P / N / 1e9,
-        "activations": doc_activations(m, s, B, md["model"]["gradient_checkpointing"]),
+        "reference weights": b * P / 1e9,
+        "activations": doc_activations(m, t, md["model"]["gradient_checkpointing"]),
         "runtime": 2.0,
         "vLLM asleep": 1.0,
     }
     for part, gb in expect.items():
         assert figure(out, "training phase:", part) == pytest.approx(gb, abs=0.051), part
     assert total(out, "training phase:") == pytest.approx(sum(expect.values()), abs=0.051)
+    cap = 0.95 * hw["device_memory_gb"]
+    assert sum(expect.values()) <= cap
+    assert "steps: 100 · ZeRO-2 · seed 0" in out
+    assert "ZeRO-2 (auto: the training phase fits at ZeRO-2 (56 of 76 GB usable)" in out
     vllm_w = b * P / 1 / 1e9
     share = 0.5 * hw["device_memory_gb"]
+    # resident, the states would not fit next to vLLM: the doc's rule offloads them
+    resident = expect["actor weights"] + expect["actor grads"] + expect["actor optimizer"] + expect["reference weights"]
+    assert share + resident + 2.0 > cap
+    assert "training states offloaded while vLLM generates (auto: resident, the training states would make " \
+           f"the generation phase {share + resident + 2.0:.0f} GB" in out
     assert figure(out, "generation phase:", "vLLM weights") == pytest.approx(vllm_w, abs=0.051)
     assert figure(out, "generation phase:", "vLLM KV cache + activations") == pytest.approx(share - vllm_w, abs=0.051)
     assert total(out, "generation phase:") == pytest.approx(share + 2.0, abs=0.051)
@@ -97,13 +108,15 @@ def test_disaggregated_plan_figures_follow_the_doc(capsys):
     P = doc_params(m)
     assert "device 0-3: actor" in out  # 8 GPUs: rollout 2, actor 4 (largest power of two), reference 2
     assert "device 4-5: reference" in out
-    N_actor, N_ref = 4, 2
+    N_actor = 4
+    assert "· ZeRO-2 ·" in out
     assert figure(out, "actor:", "actor optimizer") == pytest.approx(12 * P / N_actor / 1e9, abs=0.051)
-    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
-    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / N_ref / 1e9, abs=0.051)
-    assert figure(out, "reference:", "logits") == pytest.approx(4 * 2048 * 8 * m["vocab"] / 1e9, abs=0.051)
+    assert figure(out, "actor:", "actor grads") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
+    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / 1e9, abs=0.051)
+    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 1e9, abs=0.051)
+    assert figure(out, "reference:", "logits") == pytest.approx(4 * 2**24 / 1e9, abs=0.051)
     assert total(out, "actor:") == pytest.approx(
-        (2 + 2 + 12) * P / N_actor / 1e9 + doc_activations(m, 2048, 8, True) + 2.0, abs=0.051)
+        (2 + 2 / N_actor + 12 / N_actor) * P / 1e9 + doc_activations(m, 8 * 2048, True) + 2.0, abs=0.051)
     assert "✓ fits" in out
 
 
@@ -114,19 +127,62 @@ def test_zero_stage_and_offload_change_the_figures_as_documented(capsys):
     assert figure(out, "training phase:", "actor weights") == pytest.approx(2 * P / 1e9, abs=0.051)
     assert figure(out, "training phase:", "actor grads") == pytest.approx(2 * P / 1e9, abs=0.051)
     assert figure(out, "training phase:", "actor optimizer") == pytest.approx(12 * P / 8 / 1e9, abs=0.051)
+    out = plan(capsys, *LLAMA8, "train.zero_stage=3")
+    assert figure(out, "training phase:", "actor weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
+    assert figure(out, "training phase:", "reference weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     out = plan(capsys, *LLAMA8, "train.zero_stage=2", "train.offload_optimizer=true",
-               "model.gradient_checkpointing=false")
+               "model.gradient_checkpointing=false", "train.max_tokens_per_micro_batch=4096")
     assert figure(out, "training phase:", "actor grads") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     assert "actor optimizer" not in out.split("training phase:")[1].split("\n")[0]
-    assert figure(out, "training phase:", "activations") == pytest.approx(
-        doc_activations(m, 2048, 8, False), abs=0.051)
+    assert figure(out, "training phase:", "activations") == pytest.approx(doc_activations(m, 4096, False), abs=0.051)
+    assert "≤ 4096 tokens per micro-batch" in out
+
+
+def test_lora_rl_reference_is_the_policy_without_adapters(capsys):
+    """docs/memory.md: RL with LoRA in hybrid placement has no reference weights of its own."""
+    out = plan(capsys, *LLAMA8, "model.lora.rank=16")
+    assert "reference weights" not in out
+    assert "reference" in out.split("placement (hybrid")[1].split("\n")[1]  # the role is still there
+    out = plan(capsys, *LLAMA8, "model.lora.rank=16", "placement=disaggregated")
+    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * doc_params(load("model", "llama3-8b")) / 1e9,
+                                                                          abs=0.051)
+
+
+def test_zero3_only_when_several_ranks_and_zero2_does_not_fit(capsys):
+    # one rank: never ZeRO-3, the optimizer goes to host memory instead
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200")
+    assert "· ZeRO-2 · optimizer offloaded ·" in out
+    assert "ZeRO-2 (auto: 1 rank; ZeRO-3 only shards over several ranks)" in out
+    assert "optimizer offloaded (auto: Adam's state (91 GB per GPU) in host memory" in out
+    assert "✓ fits" in out
+    # two ranks, ZeRO-2 does not fit without checkpointing: ZeRO-3 rather than a host optimizer
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=2xh200", "model.gradient_checkpointing=false")
+    assert "· ZeRO-3 · seed" in out
+    assert "ZeRO-3 (auto: at ZeRO-2 the training phase needs 143 GB of 134 usable; ZeRO-3 shards the weights over 2 ranks)" in out
+    # CPU: ZeRO-0, as the tiny runs always had
+    out = plan(capsys)
+    assert "· ZeRO-0 · seed" in out and "ZeRO-0 (auto: CPU run)" in out
+
+
+def test_states_stay_resident_when_both_phases_fit(capsys):
+    m, hw = load("model", "qwen2.5-0.5b"), load("hardware", "1xh200")
+    P = doc_params(m)
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200")
+    resident = (2 + 2 + 12 + 2) * P / 1e9  # actor (ZeRO-2, 1 rank) + reference
+    assert figure(out, "generation phase:", "training state (resident)") == pytest.approx(resident, abs=0.051)
+    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + resident + 2, abs=0.051)
+    assert "training states stay on the GPU while vLLM generates (auto: the generation phase fits" in out
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "placement.offload_train_state=true")
+    assert "training state" not in out.split("generation phase:")[1].split("\n")[0]
+    assert "(auto:" not in out.split("ZeRO-2 (auto")[1]  # a pinned value has no auto line
 
 
 def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
     out = plan(capsys, "model=llama3-70b", "hardware=1xh200")
     assert "✗ does not fit: the training phase needs" in out
     assert "the GPU has 141 GB" in out
-    assert "train.offload_optimizer=true" in out and "GPUs of 141 GB" in out
+    assert "hardware.devices_per_node=8 (fits" in out
+    assert "→ a setting that fits: hardware.devices_per_node=8 placement.rollout.tensor_parallel=8" in out
     assert out.rstrip().endswith("✗ does not fit (see above)")
 
 
@@ -136,3 +192,4 @@ def test_the_doc_states_the_constants_the_code_uses():
     assert f"| {memory.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
     assert f"| {memory.ACT_BYTES_PER_LAYER} | `ACT_BYTES_PER_LAYER`" in text
     assert f"| {memory.FIT_MARGIN:g} | `FIT_MARGIN`" in text
+    assert memory.LOGITS_CHUNK == 2**24 and "| 2²⁴ | `LOGITS_CHUNK`" in text

@@ -1,0 +1,144 @@
+"""Settings the spec build decides from the plan's memory figures (``auto``) or from other settings.
+
+``resolve`` runs in ``rlhf.spec.build`` after validation and before freezing, on the not yet frozen
+spec: the frozen spec holds plain values (workers never see ``auto``), and ``RunSpec.auto`` records
+each decision with a one-line reason for the plan. ``config_dict`` writes the given value back
+(``auto`` / null), so a rerun of a saved config decides again from its own hardware.
+
+- ``train.max_tokens_per_micro_batch`` null: micro-batch samples × the longest sequence.
+- ``train.zero_stage`` auto: 0 on CPU; on GPUs ZeRO-2, or ZeRO-3 when several ranks share the model
+  and the training figures do not fit at ZeRO-2. At one rank ZeRO-3 shards nothing and only adds a
+  gather to every pass.
+- ``train.offload_optimizer`` auto: on only when the training figures do not fit with Adam's state
+  on the GPU (it needs ZeRO >= 1).
+- ``placement.offload_train_state`` auto: in hybrid placement on GPUs, the training states stay on
+  the GPU while vLLM generates when both phases fit that way; otherwise they move to host memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf.spec import schema as S
+from rlhf.spec.memory import FIT_MARGIN, TRAINING_FIGURES, Estimate, estimate
+
+AUTO = "auto"
+
+
+@dataclass
+class Decision(S.Frozen):
+    """A value the build chose: ``key`` (dotted config key) was ``given`` (auto / None) and is ``value``."""
+
+    key: str
+    given: Any
+    value: Any
+    why: str  # one short line for the plan; "" when there is nothing worth saying
+
+
+def _capacity(spec: Any) -> float:
+    return spec.hardware.device_memory_gb * FIT_MARGIN
+
+
+def _what(name: str) -> str:
+    return f"the {name}" if name.endswith("phase") else f"each {name} GPU"
+
+
+def worst_training_figure(est: Estimate) -> tuple[str, float]:
+    """The training figure (hybrid training phase, or a training role) with the most GB."""
+    totals = {k: v for k, v in est.totals.items() if k in TRAINING_FIGURES}
+    name = max(totals, key=totals.get)
+    return name, totals[name]
+
+
+def resolve(spec: Any) -> tuple[Decision, ...]:
+    """Replace every ``auto`` / null of the (unfrozen) spec by a value; return the decisions."""
+    out = []
+    train = spec.train
+    if train.max_tokens_per_micro_batch is None:
+        seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
+        train.max_tokens_per_micro_batch = spec.batch.micro_batch_size * seq
+        out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch,
+                            f"{spec.batch.micro_batch_size} samples × {seq} tokens"))
+    out.extend(_zero_and_offload(spec))
+    out.extend(_train_state(spec))
+    return tuple(out)
+
+
+def _zero_and_offload(spec: Any) -> list[Decision]:
+    train = spec.train
+    z_auto, off_auto = train.zero_stage == AUTO, train.offload_optimizer == AUTO
+    if not (z_auto or off_auto):
+        return []
+    cuda = spec.hardware.accelerator == "cuda"
+    ranks = spec.batch.train_world_size
+    if not z_auto:
+        stages = [train.zero_stage]
+    elif not cuda:
+        stages = [2] if train.offload_optimizer is True else [0]
+    else:
+        stages = [2] if ranks == 1 else [2, 3]
+    offloads = [train.offload_optimizer] if not off_auto else [False, True] if cuda else [False]
+    # Preference: the first that fits. A sharded model over several ranks is faster than Adam on the
+    # host, so every stage is tried without offload first. Nothing fits: the most saving one.
+    candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)]
+    cap = _capacity(spec)
+    need: dict[tuple[int, bool], tuple[str, float, Estimate]] = {}
+    chosen = candidates[-1]
+    for z, off in candidates:
+        train.zero_stage, train.offload_optimizer = z, off
+        est = estimate(spec)
+        need[(z, off)] = (*worst_training_figure(est), est)
+        if not cuda or need[(z, off)][1] <= cap:
+            chosen = (z, off)
+            break
+    train.zero_stage, train.offload_optimizer = chosen
+    z, off = chosen
+    name, gb, est = need[chosen]
+    fits = not cuda or gb <= cap
+    out = []
+    if z_auto:
+        if not cuda:
+            why = "optimizer offload needs ZeRO" if off else "CPU run"
+        elif ranks == 1:
+            why = "1 rank; ZeRO-3 only shards over several ranks"
+        elif z == 2 and fits:
+            why = f"{_what(name)} fits at ZeRO-2 ({gb:.0f} of {cap:.0f} GB usable); ZeRO-3 would gather weights every pass"
+        elif z == 3:
+            first = need.get((2, off)) or need.get((2, False))
+            why = (f"at ZeRO-2 {_what(first[0])} needs {first[1]:.0f} GB of {cap:.0f} usable; ZeRO-3 shards the "
+                   f"weights over {ranks} ranks" if first else f"{ranks} ranks")
+        else:
+            why = f"{ranks} ranks"
+        out.append(Decision("train.zero_stage", AUTO, z, why))
+    if off_auto:
+        why = ""
+        if off and (z, False) in need:
+            wname, wgb, west = need[(z, False)]
+            opt = sum(v for k, v in west.figures[wname].items() if k.endswith("optimizer"))
+            why = (f"Adam's state ({opt:.0f} GB per GPU) in host memory: on the GPU {_what(wname)} would need "
+                   f"{wgb:.0f} GB of {cap:.0f} usable")
+        out.append(Decision("train.offload_optimizer", AUTO, off, why))
+    return out
+
+
+def _train_state(spec: Any) -> list[Decision]:
+    pl = spec.placement
+    if pl.offload_train_state != AUTO:
+        return []
+    if not (pl.mode == "hybrid" and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
+        pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
+        return [Decision("placement.offload_train_state", AUTO, True, "")]
+    cap = _capacity(spec)
+    pl.offload_train_state = False
+    est = estimate(spec)
+    gen = est.total("generation phase")
+    name, train_gb = worst_training_figure(est)
+    if gen <= cap and train_gb <= cap:
+        why = (f"the generation phase fits with the training states resident ({gen:.0f} of {cap:.0f} GB "
+               "usable): no offload and reload each step")
+        return [Decision("placement.offload_train_state", AUTO, False, why)]
+    pl.offload_train_state = True
+    why = (f"resident, the training states would make the generation phase {gen:.0f} GB of {cap:.0f} usable"
+           if gen > cap else f"{_what(name)} does not fit (below)")
+    return [Decision("placement.offload_train_state", AUTO, True, why)]
