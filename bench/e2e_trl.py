@@ -132,6 +132,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--kl", type=float, default=0.0, help="KL coefficient (k3 in the loss, both sides)")
     ap.add_argument("--sleep", choices=("on", "off"), default="on",
                     help="vLLM sleep mode (ours: also DeepSpeed state offload) on both sides")
+    ap.add_argument("--offload", choices=("auto", "true", "false"), default="auto",
+                    help="our placement.offload_train_state (auto: resident when the plan says both phases fit)")
     ap.add_argument("--trl-sleep", choices=("on", "off"), default=None, help="TRL's vllm_enable_sleep_mode alone")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"), default="float32",
                     help="TRL's model weights (float32 = TRL's default: fp32 weights, bf16 autocast)")
@@ -288,7 +290,7 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
         f"data.train_files=[{prompts_file}]",
         "data.shuffle=false",
         f"placement.sleep_rollout={on}",
-        f"placement.offload_train_state={on}",
+        f"placement.offload_train_state={a.offload if a.sleep == 'on' else 'false'}",
         "tracking.console=plain",
         f"output_dir={run_dir}",
     ]

@@ -50,7 +50,7 @@ tests-kernels|0|240|$PYTEST tests/gpu/test_packed_kernels.py
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
-bench-e2e-trl|0|560|$PY -m bench.e2e_trl
+bench-e2e-trl|0|560|$PY -m bench.e2e_trl ${E2E_ARGS:-}
 matrix|0|580|$PY -m bench.matrix
 bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
 bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512

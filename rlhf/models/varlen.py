@@ -1,22 +1,24 @@
 """Attention over packed sequences (``rlhf.data.packing``) for Hugging Face models.
 
 A packed row holds several samples end to end; each token may attend only to the earlier tokens
-of its own sample. The model is called with ``cu_seq_lens_q/k`` and ``max_length_q/k`` (the
-keyword arguments transformers forwards from the model's call to every attention layer), and
-``packed_attention(model)`` switches the model to the ``rlhf_varlen`` attention for that call:
+of its own sample. ``use_varlen(model)`` makes the model attend with ``rlhf_varlen``, which looks
+at each call: called with ``cu_seq_lens_q/k`` and ``max_length_q/k`` (keyword arguments that
+transformers forwards from the model's call to every attention layer), it runs packed attention:
 
 * on CUDA: PyTorch's FlashAttention varlen kernel (``torch.nn.attention.varlen.varlen_attn``,
   forward and backward, no extra package to build for the GPU image);
 * elsewhere (CPU), or where that kernel is missing: the samples scattered into right-padded rows
   for one causal SDPA call and gathered back — the same result, at the padded cost.
 
-transformers builds no mask for an attention name it does not know, which is what a packed call
-wants (an L × L block-diagonal mask would cost O(L²) memory).
+Any other call (a padded batch with an attention mask: the supervised loops, generation) goes to
+transformers' own SDPA attention with its usual mask. The implementation stays set for the
+model's life, so gradient checkpointing, which reruns layers during the backward pass, reruns
+them the same way. For a packed call no mask is built (an L × L block-diagonal mask would cost
+O(L²) memory): the attention keeps to the samples by ``cu_seq_lens``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from typing import Any, Optional
 
@@ -80,8 +82,11 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     """transformers' attention-function signature: ``query [1, Hq, L, D]``, ``key/value
     [1, Hkv, L, D]``; returns ``([1, L, Hq, D], None)``."""
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
-        raise RuntimeError("rlhf_varlen attention needs cu_seq_lens_q (call the model through rlhf.models.varlen)")
+    if cu is None:  # not packed: transformers' SDPA attention, mask and all
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
     if query.shape[0] != 1:
         raise RuntimeError("rlhf_varlen attention takes one packed row")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [L, H, D]
@@ -89,40 +94,33 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return out.unsqueeze(0), None
 
 
+def _mask(**kwargs):
+    """Packed calls come without an attention mask: build none (cu_seq_lens do the masking);
+    padded calls get SDPA's mask."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(**kwargs)
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, _mask)
     _registered = True
 
 
-def _configs(model) -> list:
-    seen, out = set(), []
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is not None and id(cfg) not in seen and hasattr(cfg, "_attn_implementation"):
-            seen.add(id(cfg))
-            out.append(cfg)
-    return out
-
-
-@contextlib.contextmanager
-def packed_attention(model):
-    """Within the block, ``model`` (and every sub-model sharing or holding a config) attends with
-    ``rlhf_varlen``; its own implementation comes back afterwards."""
+def use_varlen(model) -> None:
+    """Make ``model`` (and its sub-models: the setter recurses into sub-configs) attend with
+    ``rlhf_varlen`` from now on."""
     register()
-    cfgs = _configs(model)
-    before = [c._attn_implementation for c in cfgs]
-    try:
-        for c in cfgs:
-            c._attn_implementation = NAME
-        yield
-    finally:
-        for c, b in zip(cfgs, before):
-            c._attn_implementation = b
+    model.config._attn_implementation = NAME
 
 
 def packed_kwargs(packed: dict, device) -> dict:

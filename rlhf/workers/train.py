@@ -103,6 +103,9 @@ class _Model(Worker):
             from rlhf.models.load import apply_liger
 
             apply_liger(model)
+        from rlhf.models.varlen import use_varlen
+
+        use_varlen(model)  # packed RL passes attend within each sample; padded calls are unchanged
         if self.spec.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         return model
@@ -164,10 +167,9 @@ class _Model(Worker):
 
     def _hidden(self, model, packed: dict) -> torch.Tensor:
         """The backbone's last hidden states of a packed micro-batch, ``[L, h]``."""
-        from rlhf.models.varlen import packed_attention, packed_kwargs
+        from rlhf.models.varlen import packed_kwargs
 
-        with packed_attention(model):
-            return model.base_model(**packed_kwargs(packed, self.torch_device())).last_hidden_state[0]
+        return model.base_model(**packed_kwargs(packed, self.torch_device())).last_hidden_state[0]
 
     def _token_logprobs(self, module, packed: dict, with_entropy: bool = False):
         """Log-probs (and entropy) of a packed micro-batch's response tokens, flat ``[M]``,
@@ -522,12 +524,11 @@ class CriticWorker(TrainStateMixin, _Model):
     def _values(self, packed: dict) -> torch.Tensor:
         """Values of a packed micro-batch's response tokens, flat ``[M]``: the head's output at the
         position that predicts each token (the state before the action)."""
-        from rlhf.models.varlen import packed_attention, packed_kwargs
+        from rlhf.models.varlen import packed_kwargs
 
         module = self.engine.module
         dev = self.torch_device()
-        with packed_attention(module):
-            out = module(**packed_kwargs(packed, dev)).logits[0, :, 0]
+        out = module(**packed_kwargs(packed, dev)).logits[0, :, 0]
         return out[packed["pred_index"].to(dev)].float()
 
     @torch.no_grad()

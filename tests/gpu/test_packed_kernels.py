@@ -10,7 +10,7 @@ import torch
 from rlhf.algos import logprobs_from_hidden
 from rlhf.data.batch import collate, response_slice, response_tokens
 from rlhf.data.packing import pack, unpack
-from rlhf.models.varlen import _varlen_kernel, packed_attention, packed_kwargs, varlen_causal_attention
+from rlhf.models.varlen import _varlen_kernel, packed_kwargs, use_varlen, varlen_causal_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -84,8 +84,8 @@ def test_packed_bf16_forward_matches_padded():
                        position_ids=cb["position_ids"]).logits[:, response_slice(cb)].float()
         ref = torch.log_softmax(logits, -1).gather(2, response_tokens(cb).unsqueeze(-1)).squeeze(-1).cpu()
         p = pack(b, list(range(16)))
-        with packed_attention(model):
-            hidden = model.model(**packed_kwargs(p, "cuda")).last_hidden_state[0]
+        use_varlen(model)
+        hidden = model.model(**packed_kwargs(p, "cuda")).last_hidden_state[0]
         lp, _ = logprobs_from_hidden(hidden[p["pred_index"].cuda()], model.lm_head, p["targets"].cuda())
     got = unpack(lp.float().cpu(), p, 16, 200)
     m = b["response_mask"] > 0

@@ -6,7 +6,7 @@ import torch
 
 from rlhf.data.batch import collate, response_slice, response_tokens
 from rlhf.data.packing import pack, split_to_count, token_groups, token_values, unpack
-from rlhf.models.varlen import packed_attention, packed_kwargs, varlen_causal_attention
+from rlhf.models.varlen import packed_kwargs, use_varlen, varlen_causal_attention
 
 
 def test_token_groups_keep_order_and_budget():
@@ -55,31 +55,57 @@ def test_varlen_attention_equals_per_sequence_masked_attention():
                 torch.testing.assert_close(out[t, hq], ref, rtol=0, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
+def _tiny_llama(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       attn_implementation="sdpa")
-    return LlamaForCausalLM(cfg).double().eval()
+    return LlamaForCausalLM(cfg).double()
 
 
-def test_packed_forward_equals_padded_forward(tiny_llama):
+def _batch():
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (3, 6, 1, 4)]
     responses = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (5, 2, 7, 0)]
-    b = collate(prompts, responses, pad_id=0, response_width=8)
+    return collate(prompts, responses, pad_id=0, response_width=8)
+
+
+def _padded_logprobs(model, b):
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                   position_ids=b["position_ids"]).logits[:, response_slice(b)]
+    return torch.log_softmax(logits, -1).gather(2, response_tokens(b).unsqueeze(-1)).squeeze(-1) * b["response_mask"]
+
+
+def _packed_logprobs(model, b):
+    p = pack(b, [0, 1, 2, 3])
+    h = model.model(**packed_kwargs(p, "cpu")).last_hidden_state[0][p["pred_index"]]
+    lp = torch.log_softmax(model.lm_head(h), -1).gather(1, p["targets"][:, None]).squeeze(1)
+    return unpack(lp, p, 4, 8)
+
+
+def test_packed_forward_equals_padded_forward():
+    """The same model (rlhf_varlen set for good) gives the padded SDPA pass's log-probs both
+    packed and padded."""
+    b = _batch()
+    model = _tiny_llama().eval()
     with torch.no_grad():
-        logits = tiny_llama(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                            position_ids=b["position_ids"]).logits[:, response_slice(b)]
-        ref = torch.log_softmax(logits, -1).gather(2, response_tokens(b).unsqueeze(-1)).squeeze(-1)
-        ref = ref * b["response_mask"]
-        p = pack(b, [0, 1, 2, 3])
-        with packed_attention(tiny_llama):
-            hidden = tiny_llama.model(**packed_kwargs(p, "cpu")).last_hidden_state[0]
-        assert tiny_llama.config._attn_implementation == "sdpa"  # restored
-        h = hidden[p["pred_index"]]
-        lp = torch.log_softmax(tiny_llama.lm_head(h), -1).gather(1, p["targets"][:, None]).squeeze(1)
-    torch.testing.assert_close(unpack(lp, p, 4, 8), ref, rtol=0, atol=1e-10)
+        ref = _padded_logprobs(model, b)
+        use_varlen(model)
+        assert model.config._attn_implementation == "rlhf_varlen"
+        torch.testing.assert_close(_padded_logprobs(model, b), ref, rtol=0, atol=1e-12)
+        torch.testing.assert_close(_packed_logprobs(model, b), ref, rtol=0, atol=1e-10)
+
+
+def test_packed_gradients_with_gradient_checkpointing():
+    """Layers recomputed in the backward pass (gradient checkpointing) attend packed again: the
+    gradients equal those of the padded pass without checkpointing."""
+    b = _batch()
+    ref_model, model = _tiny_llama().train(), _tiny_llama().train()
+    _padded_logprobs(ref_model, b).sum().backward()
+    use_varlen(model)
+    model.gradient_checkpointing_enable()
+    _packed_logprobs(model, b).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-10, msg=name)
