@@ -431,7 +431,16 @@ def run_dir_for(cfg: Any, claim: bool = False) -> str:
     from omegaconf import OmegaConf
 
     pattern = OmegaConf.select(cfg, "hydra.run.dir", default=None)
-    base = str(pattern) if pattern else os.path.join("outputs", datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    return unique_dir(str(pattern) if pattern else stamped("outputs"), claim)
+
+
+def stamped(root: str) -> str:
+    """``<root>/<date>/<time>``, Hydra's default run (outputs) and sweep (multirun) dir."""
+    return os.path.join(root, datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+
+
+def unique_dir(base: str, claim: bool = False) -> str:
+    """``base``, else ``base-1``, ``base-2``...: the first that does not exist (``claim``: created)."""
     path, i = base, 1
     while True:
         try:

@@ -174,7 +174,8 @@ def run(spec: Any) -> int:
     except Exception as e:
         from rlhf import storage
 
-        refused = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, spec.output_dir or "outputs/run")
+        out = spec.output_dir or "outputs/run"
+        refused = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, out)
         if refused is not None:  # disk full, read-only or deleted run dir
             _close(console)
             print(f"error: {refused}", file=sys.stderr)

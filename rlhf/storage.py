@@ -180,5 +180,8 @@ def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
     inside = where is not None and Path(os.path.abspath(where)).is_relative_to(Path(run_dir).absolute())
     if kind != "full" and not inside:
         return None  # a permission problem elsewhere (a model dir, a data file) is not the run dir's
-    where = where or run_dir
+    if where is None:  # ENOSPC without a path: the run dir, or Ray's temp dir, or a cache
+        return (f"disk full ({reason_of(e)}): the run dir {run_dir} has {human(free_bytes(run_dir))} free; Ray's "
+                f"temp dir (/tmp/ray) and the caches are other places it writes. {intact(run_dir)} Free space, then "
+                f"continue with rlhf-run resume={run_dir}.")
     return message(kind, "the run's files", where, run_dir, reason_of(e), free=free_bytes(where))

@@ -91,3 +91,27 @@ def test_a_spec_that_does_not_build_gives_its_claimed_dir_back(tmp_path, monkeyp
     assert len(claimed) == 1 and claimed[0].startswith("outputs")
     assert "train.steps" in capsys.readouterr().err
     assert not (tmp_path / "outputs").exists()  # claimed (outputs/<date>/<time>), then given back
+
+
+def test_two_sweeps_in_the_same_second_get_two_sweep_dirs(tmp_path, monkeypatch, capsys):
+    import datetime as dt
+
+    import yaml
+
+    from rlhf import cli, sweep
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "datetime", Frozen)
+    monkeypatch.setattr(cli, "execute", lambda spec: 0)  # no training: where the jobs go is the point
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [])
+    for _ in range(2):
+        assert sweep.multirun_main(cli.parse_args(["-m", "train.steps=1,2", "tracking.backend=none"])) == 0
+    dirs = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.glob("multirun/*/*/sweep_results.yaml"))
+    assert dirs == ["multirun/2026-01-02/03-04-05", "multirun/2026-01-02/03-04-05-1"]
+    jobs = [r["output_dir"] for d in dirs for r in yaml.safe_load((tmp_path / d / "sweep_results.yaml").read_text())]
+    assert len(set(jobs)) == 4

@@ -127,3 +127,18 @@ def test_a_checkpoint_into_a_deleted_run_dir_does_not_remake_it(tmp_path):
             m.begin(2)
     assert_clear(str(e.value), f"the output dir {run} disappeared during the run", "the checkpoint of step 2")
     assert not run.exists()
+
+
+def test_a_full_disk_no_write_block_caught_is_still_one_line(tmp_path):
+    from rlhf import storage
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with_path = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run / "spec.yaml"))
+    assert_clear(storage.uncaught(with_path, run), "disk full while writing the run's files to",
+                 str(run / "spec.yaml"), f"resume={run}")
+    assert_clear(storage.uncaught(OSError(errno.ENOSPC, "No space left on device"), run),
+                 "disk full (No space left on device)", f"the run dir {run} has", "/tmp/ray")
+    # a permission problem outside the run dir (a model dir) is not explained as the run dir's
+    assert storage.uncaught(PermissionError(errno.EACCES, "Permission denied", "/models/x"), run) is None
+    assert storage.uncaught(ValueError("no"), run) is None
