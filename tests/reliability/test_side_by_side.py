@@ -102,7 +102,9 @@ def scene(rl_env, tmp_path_factory):
         r1 = start("r1", [f"output_dir={shared}"])
         r2 = start("r2", [])  # its default run dir: outputs/<date>/<time>
         s["r1_pid"] = r1.pid
-        _wait(lambda: _owner(lock) == r1.pid and (shared / "config.yaml").is_file(), 300, "R1's lock", [r1, r2])
+        # R1 holds the lock and has written its spec.yaml and config.yaml (it prints "run dir:" after)
+        _wait(lambda: _owner(lock) == r1.pid and "run dir:" in (logs / "r1.out").read_text(), 300, "R1's lock",
+              [r1, r2])
         kept = {n: ((shared / n).read_bytes(), (shared / n).stat().st_mtime_ns) for n in ("spec.yaml", "config.yaml")}
         s["second"] = _in_process(cli.main, [*TOY, f"output_dir={shared}"])
         s["resume"] = _in_process(cli.main, [f"resume={shared}"])
