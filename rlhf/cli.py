@@ -14,6 +14,7 @@ into the frozen RunSpec once, here in the driver.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -424,26 +425,44 @@ def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[
     return tuple(out)
 
 
-def run_dir_for(cfg: Any) -> str:
-    """A fresh run directory from hydra.run.dir (outputs/<date>/<time>), made unique."""
+def run_dir_for(cfg: Any, claim: bool = False) -> str:
+    """A fresh run directory from hydra.run.dir (outputs/<date>/<time>), made unique. ``claim``:
+    create it, so that two runs started in the same second get two directories, not one."""
     from omegaconf import OmegaConf
 
     pattern = OmegaConf.select(cfg, "hydra.run.dir", default=None)
-    base = str(pattern) if pattern else os.path.join("outputs", datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+    return unique_dir(str(pattern) if pattern else stamped("outputs"), claim)
+
+
+def stamped(root: str) -> str:
+    """``<root>/<date>/<time>``, Hydra's default run (outputs) and sweep (multirun) dir."""
+    return os.path.join(root, datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
+
+
+def unique_dir(base: str, claim: bool = False) -> str:
+    """``base``, else ``base-1``, ``base-2``...: the first that does not exist (``claim``: created)."""
     path, i = base, 1
-    while os.path.exists(path):
-        path, i = f"{base}-{i}", i + 1
-    return path
+    while True:
+        try:
+            if claim:
+                os.makedirs(path)  # exclusive for its last part: exactly one process creates it
+            elif os.path.exists(path):
+                raise FileExistsError(path)
+            return path
+        except FileExistsError:
+            path, i = f"{base}-{i}", i + 1
 
 
 def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
-               choices: Optional[dict] = None):
+               choices: Optional[dict] = None, claim_run_dir: bool = False):
     """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
-    if the primary config did not come from the shipped groups."""
+    if the primary config did not come from the shipped groups. ``claim_run_dir``: create the
+    default run dir now (``run_dir_for``); it is removed again if the spec does not build."""
     from omegaconf import open_dict
 
     from rlhf.spec.build import build
 
+    claimed = None
     with open_dict(cfg):
         if plan:
             cfg.mode = "plan"
@@ -452,12 +471,18 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
             # Rerunning a run's saved config: the same config, in a new run dir of its own.
             cfg.output_dir = None
         if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
-            cfg.output_dir = run_dir_for(cfg)
-    if config_dir is None:
-        changes = changes_from_defaults(cfg, overrides, choices)
-    else:  # a saved config: what differs is the whole file, then the overrides on it
-        changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
-    return build(cfg, overrides=tuple(overrides), changes=changes)
+            cfg.output_dir = claimed = run_dir_for(cfg, claim=claim_run_dir and not plan)
+    try:
+        if config_dir is None:
+            changes = changes_from_defaults(cfg, overrides, choices)
+        else:  # a saved config: what differs is the whole file, then the overrides on it
+            changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
+        return build(cfg, overrides=tuple(overrides), changes=changes)
+    except BaseException:
+        if claimed and claim_run_dir:
+            with contextlib.suppress(OSError):  # only while empty, with its empty parents (outputs/<date>)
+                os.removedirs(claimed)
+        raise
 
 
 # ----------------------------------------------------------------------------- run
@@ -544,7 +569,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             spec = resume_spec(resume, [o for o in args.overrides if o.split("=", 1)[0] != "resume"], args.plan)
         else:
             cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
+            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -3,6 +3,10 @@
     run_dir/spec.yaml     the full resolved spec (derived batch plan and layout included)
     run_dir/config.yaml   the user-level config: ``rlhf-run -cp <run_dir> -cn config`` reruns it
     run_dir/metrics.jsonl one line of metrics per step
+    run_dir/.rlhf-run.lock while the run lives: its pid and host (rlhf.run_lock; one live run per dir)
+
+A refused write (disk full, quota, read-only or deleted run dir; ``rlhf.storage``) is one line and
+exit code 1, the newest complete checkpoint kept.
 
 Signals: Ctrl-C (SIGINT) exits 130, SIGTERM 143, both after cleanup (cluster shut down, MLflow run
 KILLED). Inside the RL step loop the first one stops the run at the end of the current step with
@@ -109,7 +113,7 @@ def run(spec: Any) -> int:
         print(f"error: algo.kind={kind!r} has no loop. Use one of: {', '.join(LOOPS)}.", file=sys.stderr)
         return EXIT_USER
     t0 = time.perf_counter()
-    cluster = tracker = console = None
+    cluster = tracker = console = lock = None
     status = "FAILED"
     # SIGTERM gets Ctrl-C's cleanup (the default would end the process with the cluster left up)
     on_main = _main_thread()
@@ -118,6 +122,10 @@ def run(spec: Any) -> int:
         from rlhf.preflight import check_output_dir, preflight
 
         check_output_dir(spec.output_dir or "outputs/run")
+        from rlhf.run_lock import RunLock
+
+        lock = RunLock(spec.output_dir or "outputs/run")
+        lock.acquire()  # before anything is written: a second run on this dir stops here, touching nothing
         run_dir = write_run_dir(spec)
         from rlhf.track import Console, Tracker
 
@@ -164,6 +172,14 @@ def run(spec: Any) -> int:
               file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPT
     except Exception as e:
+        from rlhf import storage
+
+        out = spec.output_dir or "outputs/run"
+        refused = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, out)
+        if refused is not None:  # disk full, read-only or deleted run dir
+            _close(console)
+            print(f"error: {refused}", file=sys.stderr)
+            return EXIT_FAILURE
         user = _user_error_inside(e)
         if user is not None:
             _close(console)
@@ -187,6 +203,8 @@ def run(spec: Any) -> int:
             if tracker is not None:
                 tracker.finish(status)
         finally:
+            if lock is not None:
+                lock.release()
             if on_main:
                 signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
                 signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)

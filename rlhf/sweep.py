@@ -330,7 +330,12 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
         return 0 if all(r.status == "ok" for r in results) else 1
 
     sweep = _Sweep(jobs, hooks, args.config_dir)
-    _run_hydra_multirun(sweep, args.overrides, args.config_dir, args.config_name)
+    overrides = list(args.overrides)
+    if not any(o.split("=", 1)[0].lstrip("+") == "hydra.sweep.dir" for o in overrides):
+        # Hydra's default (multirun/<date>/<time>) is the same for two sweeps started in the same
+        # second, and so would be their jobs' run dirs: a dir of its own for this sweep
+        overrides.append(f"hydra.sweep.dir={cli.unique_dir(cli.stamped('multirun'), claim=True)}")
+    _run_hydra_multirun(sweep, overrides, args.config_dir, args.config_name)
     if sweep.sweep_dir:
         import yaml
 

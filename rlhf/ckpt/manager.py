@@ -62,8 +62,13 @@ class CheckpointManager:
         tmp = self.root / (step_dir_name(step) + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        self.root.mkdir(exist_ok=True)  # not parents: a run dir deleted mid-run is an error, not re-made
+        tmp.mkdir()
         return tmp
+
+    def abort(self, tmp: Path) -> None:
+        """Drop a save that failed (its space back at once; the previous checkpoints are untouched)."""
+        shutil.rmtree(tmp, ignore_errors=True)
 
     def commit(self, tmp: Path, step: int, metrics: Optional[dict] = None) -> Path:
         """Mark ``tmp`` complete, move it into place, then rotate old checkpoints."""

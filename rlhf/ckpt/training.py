@@ -43,15 +43,23 @@ def save(spec: Any, ckpt: CheckpointManager, step: int, cluster: Any, driver_sta
     """Checkpoint after ``step`` finished steps (``driver_state['step']`` = the next step to run)."""
     import torch
 
+    from rlhf import storage
+    from rlhf.ckpt.manager import step_dir_name
     from rlhf.ckpt.state import rng_state
 
-    tmp = ckpt.begin(step)
-    for g in _groups(cluster):
-        g.call("save_state", str(tmp))
-        if spec.checkpoint.save_hf:
-            g.call("save_hf", str(tmp / g.role / "hf"))
-    torch.save({**driver_state, "rng": rng_state()}, tmp / "driver.pt")
-    return ckpt.commit(tmp, step, metrics)
+    prev = ckpt.latest()
+    where = ckpt.root / (step_dir_name(step) + ".tmp")
+    with storage.writing(where, f"the checkpoint of step {step}", ckpt.root.parent,
+                         needs=storage.dir_bytes(prev.path) if prev else None,
+                         needs_what="the size of the previous checkpoint" if prev else "",
+                         cleanup=lambda: ckpt.abort(where)):
+        tmp = ckpt.begin(step)
+        for g in _groups(cluster):
+            g.call("save_state", str(tmp))
+            if spec.checkpoint.save_hf:
+                g.call("save_hf", str(tmp / g.role / "hf"))
+        torch.save({**driver_state, "rng": rng_state()}, tmp / "driver.pt")
+        return ckpt.commit(tmp, step, metrics)
 
 
 def latest(spec: Any, run_dir: str) -> Optional[CheckpointInfo]:
@@ -83,7 +91,33 @@ def restore(info: CheckpointInfo, cluster: Any) -> dict:
 def export_final(spec: Any, cluster: Any, run_dir: str) -> str:
     """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready."""
     final = Path(run_dir) / "final"
-    cluster.actor.call("save_hf", str(final / "hf"))
-    if cluster.critic is not None:
-        cluster.critic.call("save_hf", str(final / "critic_hf"))
+    with exporting(run_dir, final / "hf", final / "critic_hf"):
+        cluster.actor.call("save_hf", str(final / "hf"))
+        if cluster.critic is not None:
+            cluster.critic.call("save_hf", str(final / "critic_hf"))
     return str(final / "hf")
+
+
+def exporting(run_dir: str, hf: Path, *more: Path):
+    """Around the final HF export: a refused write removes the partial export (a model dir that
+    ``from_pretrained`` would half-load is worse than none) and is one line (``rlhf.storage``)."""
+    import shutil
+
+    from rlhf import storage
+    from rlhf.models.lora import adapter_dir
+
+    latest = find_latest(run_dir)
+    hf_in_ckpt = latest.path / "actor" / "hf" if latest is not None else None
+    has_copy = hf_in_ckpt is not None and hf_in_ckpt.is_dir()
+
+    def cleanup() -> None:
+        for p in (hf, adapter_dir(hf), *more):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+    return storage.writing(hf, "the final HF export", run_dir,
+                           needs=storage.dir_bytes(hf_in_ckpt) if has_copy else None,
+                           needs_what="the size of the HF export in the newest checkpoint" if has_copy else "",
+                           cleanup=cleanup)

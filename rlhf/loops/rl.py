@@ -106,7 +106,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
         sync.sync()  # the rollout engines get the restored policy
         console.print(f"resumed from {resumed.path} at step {start + 1}")
     _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
-    metrics_file = open(Path(run_dir) / "metrics.jsonl", "a")
+    from rlhf.track import MetricsFile
+
+    metrics_file = MetricsFile(run_dir)  # a full disk or a deleted run dir: one line (rlhf.storage)
     from rlhf.run import StopRequest
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
@@ -186,8 +188,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                 m.update(evaluator.run())
                 m["time/eval"] = time.perf_counter() - t_eval
             history.append(m)
-            metrics_file.write(json.dumps({"step": step, **m}) + "\n")
-            metrics_file.flush()
+            metrics_file.write({"step": step, **m})
             if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
                 tracker.log(step, m)
             console.step(step, m)
@@ -198,6 +199,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                     maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
                 console.print(f"stopped after step {step + 1}: continue with rlhf-run resume={run_dir}")
                 raise stop.exception()
+        if start >= spec.train.steps and not (Path(run_dir) / "final" / "hf").is_dir():  # its export had failed
+            console.print(f"saved {ckpt_io.export_final(spec, cluster, run_dir)} (HF format)")
     finally:
         stop.restore()
         metrics_file.close()

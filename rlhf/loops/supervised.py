@@ -150,20 +150,20 @@ class Log:
     t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self):
-        self.file = open(Path(self.run_dir) / "metrics.jsonl", "a")
+        from rlhf.track import MetricsFile
+
+        self.file = MetricsFile(self.run_dir)
 
     def step(self, step: int, m: dict[str, float]) -> None:
         m = {**m, "time/elapsed": time.perf_counter() - self.t0}
         self.history.append({"step": step, **m})
-        self.file.write(json.dumps({"step": step, **m}) + "\n")
-        self.file.flush()
+        self.file.write({"step": step, **m})
         if step % self.spec.tracking.log_every == 0:
             self.tracker.log(step, m)
         self.console.step(step, m)
 
     def eval(self, step: int, m: dict[str, float], label: str) -> None:
-        self.file.write(json.dumps({"step": step, **m}) + "\n")
-        self.file.flush()
+        self.file.write({"step": step, **m})
         self.tracker.log(step, m)
         self.console.print(f"eval ({label}): " + " · ".join(f"{k.split('/', 1)[1]} {v:.4g}" for k, v in m.items()))
 
@@ -172,11 +172,14 @@ class Log:
 
 
 def export_final(spec: Any, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
+    from rlhf.ckpt.training import exporting
+
     final = Path(run_dir) / "final"
-    paths = [p for p in cluster.actor.call("save_hf", str(final / "hf")) if p]
-    final.mkdir(parents=True, exist_ok=True)
-    with open(final / "metrics.json", "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
+    with exporting(run_dir, final / "hf", final / "metrics.json"):
+        paths = [p for p in cluster.actor.call("save_hf", str(final / "hf")) if p]
+        final.mkdir(exist_ok=True)
+        with open(final / "metrics.json", "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
     console.print(f"saved {paths[0] if paths else final / 'hf'} (HF format) and {final / 'metrics.json'}")
     return str(final / "hf")
 

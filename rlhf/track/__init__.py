@@ -1,5 +1,6 @@
-"""Tracking: MLflow (default) and a console progress line. See tracker.py."""
+"""Tracking: MLflow (default) and a console progress line (tracker.py); metrics.jsonl (metrics_file.py)."""
 
+from rlhf.track.metrics_file import MetricsFile
 from rlhf.track.tracker import Console, Tracker, default_tracking_uri, output_root
 
-__all__ = ["Console", "Tracker", "default_tracking_uri", "output_root"]
+__all__ = ["Console", "MetricsFile", "Tracker", "default_tracking_uri", "output_root"]

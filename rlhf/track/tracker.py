@@ -8,6 +8,10 @@
   derived batch plan, layout and ``auto`` decisions (``derived.*``); artifacts: ``spec.yaml`` and
   ``config.yaml``.
 * metrics: one ``log_batch`` per step.
+* several runs at once on one store: a sqlite store is created (its tables, the experiment) under a
+  file lock beside it (``<db>.lock``, ``rlhf.run_lock.file_lock``), so only one process runs MLflow's
+  schema set-up; every client call retries for up to two minutes while sqlite says "database is
+  locked" (another run writing).
 """
 
 from __future__ import annotations
@@ -74,6 +78,47 @@ def _params(spec: Any) -> dict[str, str]:
     return redact({k: str(v)[:6000] for k, v in params.items()})
 
 
+def _creation_lock(uri: str):
+    """A file lock beside a local sqlite store (``sqlite:///<path>``); nothing for other stores."""
+    import contextlib
+
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from rlhf.run_lock import file_lock
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return file_lock(str(db) + ".lock")
+
+
+LOCKED_RETRY_S = 120.0
+
+
+class Retrying:
+    """An MlflowClient whose calls wait out sqlite's "database is locked" (another run's write)."""
+
+    def __init__(self, client: Any):
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            delay, deadline = 0.1, time.monotonic() + LOCKED_RETRY_S
+            while True:
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - MlflowException wraps sqlalchemy's OperationalError
+                    if "database is locked" not in str(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(2 * delay, 2.0)
+
+        return call
+
+
 class Tracker:
     """MLflow run of one training run (``tracking.backend=none``: a no-op)."""
 
@@ -96,16 +141,18 @@ class Tracker:
         root = output_root(run_dir)
         root.mkdir(parents=True, exist_ok=True)
         self.uri = spec.tracking.uri or default_tracking_uri(run_dir)
-        self.client = MlflowClient(tracking_uri=self.uri)
-        exp = self.client.get_experiment_by_name(spec.tracking.experiment)
-        if exp is None:
-            art = (root / "mlartifacts").as_uri() if not spec.tracking.uri else None
-            try:
-                self.experiment_id = self.client.create_experiment(spec.tracking.experiment, artifact_location=art)
-            except Exception:  # noqa: BLE001 - created concurrently
-                self.experiment_id = self.client.get_experiment_by_name(spec.tracking.experiment).experiment_id
-        else:
-            self.experiment_id = exp.experiment_id
+        with _creation_lock(self.uri):  # MLflow's schema set-up is not safe to run twice at once
+            self.client = Retrying(MlflowClient(tracking_uri=self.uri))
+            exp = self.client.get_experiment_by_name(spec.tracking.experiment)
+            if exp is None:
+                art = (root / "mlartifacts").as_uri() if not spec.tracking.uri else None
+                try:
+                    self.experiment_id = self.client.create_experiment(spec.tracking.experiment,
+                                                                       artifact_location=art)
+                except Exception:  # noqa: BLE001 - created concurrently (a store without the lock)
+                    self.experiment_id = self.client.get_experiment_by_name(spec.tracking.experiment).experiment_id
+            else:
+                self.experiment_id = exp.experiment_id
         if not open_run:  # the experiment only (a sweep's parent run is made by rlhf.sweep)
             return
         run_dir_abs = str(Path(run_dir).resolve())

@@ -1,0 +1,187 @@
+"""Writes into the run dir that the filesystem refuses: disk full, over quota, read-only, gone.
+
+``with writing(path, what, run_dir, needs=..., cleanup=...)`` around a write (in the driver, or a
+Ray call whose workers write) turns such a failure into a ``StorageError``: one line naming what was
+being written and where, the bytes it needs (where known) and the bytes free, the newest checkpoint
+that is still intact, and the fix. ``cleanup`` runs first (it removes the partial write, which also
+gives the space back). ``rlhf.run`` prints the line and exits 1.
+
+Libraries hide the errno in places: torch's zip writer says "unexpected pos" or "file write failed",
+safetensors "StorageFull", sqlite "database or disk is full", and a Ray worker's error arrives
+wrapped (``.cause``); ``kind_of`` looks through all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+FULL = {errno.ENOSPC, errno.EDQUOT}
+READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
+GONE = {errno.ENOENT, errno.ESTALE}
+FULL_TEXT = ("no space left on device", "disk quota exceeded", "storagefull", "quotaexceeded",
+             "database or disk is full")
+READ_ONLY_TEXT = ("read-only file system", "readonlyfilesystem")
+TORCH_WRITE_TEXT = ("file write failed", "unexpected pos")  # torch.save on a full disk
+LOW_SPACE = 1 << 20  # a write failure with less than this free is a full disk
+
+
+class StorageError(Exception):
+    """The run dir refused a write (disk full, quota, read-only, deleted): one line, exit code 1."""
+
+    exit_code = 1
+
+
+def _oserrors(e: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    queue: list = [e]
+    while queue:
+        x = queue.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        queue += [getattr(x, "cause", None), x.__cause__, x.__context__]  # .cause: Ray's RayTaskError
+
+
+def kind_of(e: BaseException, run_dir: str | os.PathLike | None = None) -> Optional[str]:
+    """'full', 'read-only', 'gone', 'write-failed' (torch's errno-less write error) or None. A
+    missing file counts as 'gone' only when ``run_dir`` (if given) is gone too."""
+    codes = {x.errno for x in _oserrors(e) if isinstance(x, OSError)}
+    if run_dir is not None and Path(run_dir).is_dir():
+        codes -= GONE
+    for kind, group in (("full", FULL), ("read-only", READ_ONLY), ("gone", GONE)):
+        if codes & group:
+            return kind
+    text = " ".join(str(x) for x in _oserrors(e)).lower()
+    if any(t in text for t in FULL_TEXT):
+        return "full"
+    if any(t in text for t in READ_ONLY_TEXT):
+        return "read-only"
+    if any(t in text for t in TORCH_WRITE_TEXT):
+        return "write-failed"
+    return None
+
+
+def reason_of(e: BaseException) -> str:
+    """The short cause: the OSError's text, else the line of the message that says what failed."""
+    for x in _oserrors(e):
+        if isinstance(x, OSError) and x.strerror:
+            return x.strerror
+    lines = [ln.strip() for x in _oserrors(e) for ln in str(x).splitlines() if ln.strip()]
+    for ln in lines:
+        if any(t in ln.lower() for t in FULL_TEXT + READ_ONLY_TEXT + TORCH_WRITE_TEXT):
+            return ln[-200:]
+    return (lines[-1] if lines else type(e).__name__)[-200:]
+
+
+def free_bytes(path: str | os.PathLike) -> Optional[int]:
+    """Free bytes (for this user) on the filesystem of ``path`` or its nearest existing parent."""
+    p = Path(path).absolute()
+    for q in [p, *p.parents]:
+        if q.exists():
+            try:
+                return shutil.disk_usage(q).free
+            except OSError:
+                return None
+    return None
+
+
+def dir_bytes(path: str | os.PathLike) -> int:
+    """The total size of the files under ``path`` (0 when it does not exist)."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    total = 0
+    for root, _, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def human(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def intact(run_dir: str | os.PathLike) -> str:
+    """What a rerun can start from: the newest complete checkpoint, or none."""
+    from rlhf.ckpt.manager import find_latest
+
+    try:
+        latest = find_latest(run_dir)
+    except OSError:
+        latest = None
+    if latest is None:
+        return "No checkpoint was written yet."
+    return f"The checkpoint of step {latest.step} is intact ({latest.path})."
+
+
+def message(kind: str, what: str, path: str | os.PathLike, run_dir: str | os.PathLike, reason: str,
+            needs: Optional[int] = None, needs_what: str = "", free: Optional[int] = None) -> str:
+    """The one line of a refused write (see the module docstring)."""
+    if kind == "gone":
+        return (f"the output dir {run_dir} disappeared during the run (deleted?) while writing {what} to {path} "
+                f"({reason}). Its checkpoints went with it: start again with an output_dir that nothing cleans up.")
+    if kind == "read-only":
+        return (f"{path} could not be written ({reason}) while writing {what}: the output dir became read-only or "
+                f"lost its permissions. {intact(run_dir)} Make {run_dir} writable again, then continue with "
+                f"rlhf-run resume={run_dir}.")
+    need = f"it needs {'about ' if needs_what else ''}{human(needs)}{f' ({needs_what})' if needs_what else ''}, " \
+        if needs else ""
+    head = "disk full" if kind == "full" else "write failed (most likely a full disk)"
+    return (f"{head} while writing {what} to {path} ({reason}): {need}{human(free)} free there. {intact(run_dir)} "
+            f"Free space (or give output_dir= on a larger disk), then continue with rlhf-run resume={run_dir}.")
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, what: str, run_dir: str | os.PathLike, needs: Optional[int] = None,
+            needs_what: str = "", cleanup: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """Turn a refused write inside the block into a StorageError (see the module docstring)."""
+    try:
+        yield
+    except StorageError:
+        if cleanup is not None:
+            cleanup()
+        raise
+    except Exception as e:
+        kind = kind_of(e, run_dir)
+        if kind is None:
+            raise
+        free = free_bytes(path)  # before cleanup gives the partial write's space back
+        if kind == "write-failed" and free is not None and free < max(needs or 0, LOW_SPACE):
+            kind = "full"
+        if cleanup is not None:
+            try:
+                cleanup()
+            except OSError:
+                pass
+        raise StorageError(message(kind, what, path, run_dir, reason_of(e), needs, needs_what, free)) from None
+
+
+def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
+    """The line for a refused write that no ``writing`` block caught (a full disk anywhere, or a
+    read-only / deleted run dir), else None."""
+    kind = kind_of(e, run_dir)
+    if kind is None or kind == "write-failed":
+        return None
+    where = next((x.filename for x in _oserrors(e) if isinstance(x, OSError) and x.filename), None)
+    inside = where is not None and Path(os.path.abspath(where)).is_relative_to(Path(run_dir).absolute())
+    if kind != "full" and not inside:
+        return None  # a permission problem elsewhere (a model dir, a data file) is not the run dir's
+    if where is None:  # ENOSPC without a path: the run dir, or Ray's temp dir, or a cache
+        return (f"disk full ({reason_of(e)}): the run dir {run_dir} has {human(free_bytes(run_dir))} free; Ray's "
+                f"temp dir (/tmp/ray) and the caches are other places it writes. {intact(run_dir)} Free space, then "
+                f"continue with rlhf-run resume={run_dir}.")
+    return message(kind, "the run's files", where, run_dir, reason_of(e), free=free_bytes(where))
