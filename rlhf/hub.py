@@ -11,7 +11,7 @@ failure one ``UserError`` that says what to do.
                            progress bar. Returns the snapshot dir and its commit.
 
 The token is huggingface_hub's own (HF_TOKEN, HUGGING_FACE_HUB_TOKEN or ``hf auth login``); this
-module never reads or prints it. HF_ENDPOINT points at a mirror. The environment is read at each
+module only asks whether one is set (to word an error) and never prints or passes it on. HF_ENDPOINT points at a mirror. The environment is read at each
 call (not at import), so a process can change it before resolving.
 """
 
@@ -37,6 +37,7 @@ def is_repo_id(s: str) -> bool:
 
 
 def offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) now, or when huggingface_hub was imported."""
     if os.environ.get("HF_HUB_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE", "")).upper() in TRUE:
         return True
     from huggingface_hub import constants
@@ -124,8 +125,9 @@ def hub_error(e: BaseException, what: str, shown: str, repo: str, revision: Opti
                  else "no token is set (HF_TOKEN or `hf auth login`)")
         return UserError(f"{head}: {repo} is a gated {kind} repo and {token}. Accept its terms at "
                          f"{_url(repo, repo_type)}, then set HF_TOKEN to a token of that account.")
+    # a model id could also have been meant as a relative local dir: say both were looked for
+    local = f"no local dir {shown!r}, and " if repo_type == "model" and shown == repo else ""
     if isinstance(e, RepositoryNotFoundError):
-        local = f"no local dir {shown!r} and " if repo_type == "model" else ""
         private = "" if _has_token() else " (a private repo needs HF_TOKEN)"
         return UserError(f"{head}: {local}no {kind} repo {repo!r} on the Hugging Face Hub{private}. "
                          f"Check the id (org/name), or give a local dir.")
@@ -141,13 +143,13 @@ def hub_error(e: BaseException, what: str, shown: str, repo: str, revision: Opti
     if isinstance(e, LocalEntryNotFoundError):
         at = f"{repo}" + (f"@{revision}" if revision else "")
         if offline():
-            return UserError(f"{head}: {at} is not in the Hugging Face cache ({hub_cache()}) and "
+            fetch = f"hf download {repo}" + (" --repo-type dataset" if repo_type == "dataset" else "")
+            return UserError(f"{head}: {local}{at} is not in the Hugging Face cache ({hub_cache()}) and "
                              "HF_HUB_OFFLINE=1 forbids downloading it. Unset HF_HUB_OFFLINE to download it, "
-                             f"or fetch it first (hf download {repo}" + (" --repo-type dataset" if repo_type == "dataset"
-                                                                         else "") + "), or give a local dir.")
+                             f"or fetch it first ({fetch}), or give a local dir.")
         cause = e.__cause__ or e.__context__
         why = f" ({type(cause).__name__}: {str(cause).splitlines()[0][:120]})" if cause is not None else ""
-        return UserError(f"{head}: cannot reach the Hugging Face Hub at {endpoint() or 'huggingface.co'}{why} "
+        return UserError(f"{head}: {local}cannot reach the Hugging Face Hub at {endpoint() or 'huggingface.co'}{why} "
                          f"and {at} is not in the cache ({hub_cache()}). Check the network (or HF_ENDPOINT), "
                          "or fetch it where there is network and copy the cache.")
     if isinstance(e, HfHubHTTPError):
@@ -269,8 +271,9 @@ def snapshot(repo: str, *, revision: Optional[str] = None, repo_type: str = "mod
     if need > free:
         raise no_room(what, shown, need, free)
     if todo and say is not None:
-        say(f"{what + ' ' + shown if what == 'data file' else what}: downloading {repo}@{rev} ({_size(need)}, {len(todo)} file{'s' if len(todo) > 1 else ''}) "
-            f"into {hub_cache()}")
+        label = f"data file {shown}" if what == "data file" else what
+        files = f"{len(todo)} file{'s' if len(todo) > 1 else ''}"
+        say(f"{label}: downloading {repo}@{rev} ({_size(need)}, {files}) into {hub_cache()}")
     try:
         path = snapshot_download(repo, revision=commit, allow_patterns=sorted(names),
                                  **({} if todo else {"tqdm_class": _quiet_tqdm()}), **kw)

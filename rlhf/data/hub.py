@@ -5,7 +5,8 @@
 
 The repo's files for that config (from the data set card's ``configs``; every data file when the
 card has none) are fetched into the HF cache like a model (``rlhf.hub.snapshot``: cache first,
-HF_HUB_OFFLINE=1 the cache only), then read by ``datasets.load_dataset`` from that local snapshot.
+HF_HUB_OFFLINE=1 the cache only), then read by ``datasets.load_dataset`` from that local snapshot
+(its Arrow copy in $HF_HOME/datasets).
 The rows go through the same checks as a local file's (rlhf.data.files, rlhf.preflight), and
 ``data.columns`` renames their columns.
 """
@@ -13,6 +14,7 @@ The rows go through the same checks as a local file's (rlhf.data.files, rlhf.pre
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +120,18 @@ def fetch(name: str) -> tuple[HubData, str]:
     return d, _FETCHED[d]
 
 
+def _arrow_cache() -> str:
+    """Where ``datasets`` keeps its Arrow copy: $HF_DATASETS_CACHE, else $HF_HOME/datasets (read now,
+    not when ``datasets`` was imported)."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return os.path.expanduser(os.environ["HF_DATASETS_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "datasets")
+    import datasets
+
+    return str(datasets.config.HF_DATASETS_CACHE)
+
+
 def load_rows(name: str) -> list[dict]:
     """The rows of ``hub:...`` (``datasets.load_dataset`` on the cached snapshot), as dicts."""
     d, path = fetch(name)
@@ -126,7 +140,7 @@ def load_rows(name: str) -> list[dict]:
     datasets.disable_progress_bars()  # "Generating train split": noise before the run's first line
     datasets.logging.set_verbosity_error()
     try:
-        ds = datasets.load_dataset(path, d.config, split=d.split)
+        ds = datasets.load_dataset(path, d.config, split=d.split, cache_dir=_arrow_cache())
     except ValueError as e:
         msg = str(e).replace("\n", " ")
         if "Unknown split" in msg:

@@ -106,7 +106,8 @@ class HubServer:
             if rev not in ("main", r.commit):
                 return self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}")
             if op == "revision":
-                return self._json(h, {"id": repo, "sha": r.commit, "private": False, "gated": "auto" if r.gated else False,
+                return self._json(h, {"id": repo, "sha": r.commit, "private": False,
+                                      "gated": "auto" if r.gated else False,
                                       "siblings": [{"rfilename": n} for n in sorted(r.files)]})
             if op == "tree":
                 return self._json(h, [{"type": "file", "path": n, "size": r.size(n), "oid": r.etag(n)}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,7 +62,8 @@ def repos(tmp_path_factory):
     spec = make_spec([], tmp_path_factory.mktemp("base") / "run")
     model = {p.name: p.read_bytes() for p in builtin_model_dir("tiny", spec.model).iterdir()}
     extra = {"pytorch_model.bin": b"\0" * 64, "original/consolidated.00.pth": b"\0" * 64}
-    rows = {s: [{"question": r["prompt"], "answer": r["answer"]} for r in map(json.loads, open(data_file(f"keymap/{s}")))]
+    rows = {s: [{"question": r["prompt"], "answer": r["answer"]}
+                for r in map(json.loads, data_file(f"keymap/{s}").read_text().splitlines())]
             for s in ("train", "eval")}
     data = {"README.md": CARD.encode(), "keymap/train-00000-of-00001.parquet": _parquet(rows["train"]),
             "keymap/eval-00000-of-00001.parquet": _parquet(rows["eval"]),
@@ -107,7 +107,8 @@ def test_offline_cache_runs_ppo_end_to_end(rl_env, repos, hf_env, tmp_path, monk
     out = tmp_path / "run"
     code, rows = run_rl(["algo=ppo", "train.steps=2", "train.prompts_per_step=8", "rollout.max_response_tokens=4",
                          f"model.path={MODEL}", f"reward.model_path={MODEL}", "reward.model_weight=0.1",
-                         f"data.train_files=[hub:{DATA}:keymap:train]", "data.columns=[question:prompt]"], out)
+                         f"data.train_files=[hub:{DATA}:keymap:train]", "data.columns=[question:prompt]",
+                         "tracking.backend=none"], out)
     text = capfd.readouterr()
     assert code == 0, text.err[-3000:]
     assert len(rows) == 2 and all("critic/value_loss" in r and "reward/mean" in r for r in rows)
@@ -146,7 +147,7 @@ def test_download_from_the_hub_then_offline_from_the_cache(repos, hf_env, tmp_pa
     assert sorted(str(p.relative_to(data_snap)) for p in data_snap.rglob("*.parquet")) == [
         "keymap/eval-00000-of-00001.parquet", "keymap/train-00000-of-00001.parquet"]  # not other/
     out = capsys.readouterr().out
-    assert "model.path: downloading rlhf-test/tiny@main (" in out
+    assert "model.path: downloading rlhf-test/tiny@main (" in out and (hf_env / "datasets").is_dir()  # Arrow copy
     assert f"data file hub:{DATA}:keymap:train: downloading {DATA}@main (" in out
     assert not [r for r in server.requests if r[2]]  # no token was set, none was sent
     # the Hub gone and offline: the same snapshot, from the cache alone
@@ -177,7 +178,7 @@ def test_a_gated_repo_downloads_with_the_token_and_never_prints_it(repos, hf_env
 
 ERRORS = [  # (name, model id or data file, revision, env, message parts)
     ("unknown_repo", "nobody/nothing", None, {},
-     ["model.path=nobody/nothing: no local dir 'nobody/nothing' and no model repo 'nobody/nothing' on the Hugging "
+     ["model.path=nobody/nothing: no local dir 'nobody/nothing', and no model repo 'nobody/nothing' on the Hugging "
       "Face Hub (a private repo needs HF_TOKEN)", "Check the id"]),
     ("gated_no_token", "rlhf-test/gated", None, {},
      ["rlhf-test/gated is a gated model repo and no token is set (HF_TOKEN", "Accept its terms at http://127.0.0.1:",
@@ -189,7 +190,8 @@ ERRORS = [  # (name, model id or data file, revision, env, message parts)
     ("disk_full", "rlhf-test/huge", None, {},
      ["model.path=rlhf-test/huge: not enough disk space in", "needed", "free). Free space there, or set HF_HOME"]),
     ("offline_not_cached", MODEL, None, {"HF_HUB_OFFLINE": "1"},
-     ["rlhf-test/tiny is not in the Hugging Face cache (", "HF_HUB_OFFLINE=1 forbids downloading it",
+     ["model.path=rlhf-test/tiny: no local dir 'rlhf-test/tiny', and rlhf-test/tiny is not in the Hugging Face "
+      "cache (", "HF_HUB_OFFLINE=1 forbids downloading it",
       "Unset HF_HUB_OFFLINE", "hf download rlhf-test/tiny"]),
     ("hub_unreachable", MODEL, None, {"HF_ENDPOINT": "http://127.0.0.1:9"},
      ["cannot reach the Hugging Face Hub at http://127.0.0.1:9 (ConnectError", "not in the cache"]),
@@ -203,7 +205,8 @@ ERRORS = [  # (name, model id or data file, revision, env, message parts)
     ("data_no_config", f"hub:{DATA}:train", None, {}, [f"{DATA} has several configs (keymap, other)"]),
     ("data_unknown_split", f"hub:{DATA}:keymap:test", None, {},
      [f"{DATA} has no split 'test' (splits: train, eval)", "hub:<org>/<name>[@<revision>][:<config>]:<split>"]),
-    ("data_bad_syntax", "hub:a/b/c:train", None, {}, ["data file hub:a/b/c:train: not a Hub data set name. Write hub:"]),
+    ("data_bad_syntax", "hub:a/b/c:train", None, {},
+     ["data file hub:a/b/c:train: not a Hub data set name. Write hub:"]),
 ]
 
 
@@ -306,3 +309,35 @@ def test_gsm8k_reward_reads_the_answer_after_the_marks():
     answers = ["She has 3 + 4 = <<3+4=7>>7 apples.\n#### 7", "#### 1,200", "#### 5"]
     responses = ["So the answer is 7.", "The total is $1,200.", "It is 6"]
     assert gsm8k_reward(["q"] * 3, responses, answers) == [1.0, 1.0, 0.0]
+
+
+def test_the_plan_says_where_a_hub_model_comes_from(repos, hf_env, capsys):
+    from rlhf import cli
+
+    argv = ["model=qwen2.5-1.5b", "hardware=1xh200", "--plan"]
+    assert cli.main(argv) == 0
+    assert (f"model.path from the Hugging Face Hub: downloaded when the run starts, into {hf_env / 'hub'} "
+            "(set HF_HOME to move it)") in capsys.readouterr().out
+    repo = Repo(repos["model"])
+    write_cache(hf_env / "hub", "model", "Qwen/Qwen2.5-1.5B-Instruct", repo)
+    assert cli.main(argv) == 0
+    assert (f"model.path from the Hugging Face Hub: in the HF cache at commit {repo.commit[:12]} ({hf_env / 'hub'})"
+            in capsys.readouterr().out)
+
+
+def test_starting_ray_prints_no_token_authentication_warning(tmp_path):
+    """A new local cluster (init_ray) keeps Ray's default token authentication but not its
+    warning about it, which Ray logs on every start."""
+    import subprocess
+    import sys
+
+    code = ("from rlhf.cli import build_spec, compose; from rlhf.launch.cluster import init_ray; import ray; "
+            "ov = ['tracking.backend=none']; spec = build_spec(compose(ov), ov, plan=True); "
+            "assert init_ray(spec); from ray._raylet import AuthenticationMode as M, get_authentication_mode as mode; "
+            "print('token auth:', mode() == M.TOKEN); ray.shutdown()")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "token auth: True" in r.stdout  # still on
+    assert "Token authentication" not in r.stdout + r.stderr, r.stderr
