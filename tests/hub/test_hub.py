@@ -174,6 +174,23 @@ def test_a_gated_repo_downloads_with_the_token_and_never_prints_it(repos, hf_env
     assert TOKEN not in out.out + out.err
 
 
+def test_a_node_without_the_drivers_snapshot_fetches_that_commit(repos, hf_env, monkeypatch):
+    """model_dir on another node: the driver's dir is not there, so the worker fetches the same
+    commit into its own HF cache (here: from the stand-in Hub), not whatever main is now."""
+    from rlhf.models import model_dir
+    from rlhf.spec.build import ResolvedModel
+
+    server = _hub(repos)
+    commit = server.repos[("model", MODEL)].commit
+    spec = SimpleNamespace(model=SimpleNamespace(path=MODEL, revision=None), reward=None,
+                           models={"model": ResolvedModel(path="/on/the/driver/only", repo=MODEL, commit=commit)})
+    with server as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        path = model_dir(spec)
+    assert path == str(hf_env / "hub" / "models--rlhf-test--tiny" / "snapshots" / commit)
+    assert any(f"/resolve/{commit}/model.safetensors" in p for m, p, _ in server.requests if m == "GET")
+
+
 # ----------------------------------------------------------------------------- one line per failure
 
 ERRORS = [  # (name, model id or data file, revision, env, message parts)
