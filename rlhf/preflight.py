@@ -2,6 +2,9 @@
 model path or output dir is one ``UserError`` line (exit code 2) and no half-started cluster.
 
     check_output_dir(path)            writable (created if missing)
+    resolve_models(spec)              model.path / reward.model_path -> local checkpoint dirs with
+                                      weights (a Hub id fetched into the HF cache), kept in the
+                                      spec (``RunSpec.models``) for the workers
     check_model(spec)                 model path is a checkpoint; its tokenizer has a pad token
                                       (or an EOS to use as one) and a chat template where needed
     check_prompts(spec, tokenizer)    RL prompt files: readable, every row has a text prompt,
@@ -9,7 +12,8 @@ model path or output dir is one ``UserError`` line (exit code 2) and no half-sta
     check_rewards(spec)               every reward function imports (the file or module named,
                                       nothing else)
 
-``preflight(spec)`` runs all that apply to the run's kind; ``rlhf.run.run`` calls it.
+``preflight(spec)`` runs all that apply to the run's kind; ``rlhf.run.run`` calls it after
+``resolve_models``.
 """
 
 from __future__ import annotations
@@ -40,11 +44,32 @@ def check_output_dir(path: str) -> None:
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 
 
+def resolve_models(spec: Any, console: Any = None) -> Any:
+    """Find model.path (and reward.model_path) once, in the driver: a local dir (checked for
+    config.json and weights), builtin:<name> (built once), or a Hub id: the HF cache, else a download
+    (``model.revision``; HF_HUB_OFFLINE=1: the cache only). Returns the spec with the results
+    (``RunSpec.models``), so that every worker loads the same snapshot."""
+    from rlhf.models.load import resolve_model
+    from rlhf.spec.build import with_models
+
+    say = console.print if console is not None else None
+    found = {"model": resolve_model(spec.model.path, spec.model, revision=spec.model.revision,
+                                    what="model.path", say=say)}
+    if spec.reward.model_path:
+        found["reward"] = resolve_model(spec.reward.model_path, spec.model, revision=spec.reward.model_revision,
+                                        what="reward.model_path", say=say)
+    for role, m in found.items():
+        if m.repo and console is not None:
+            key = "model.path" if role == "model" else "reward.model_path"
+            console.print(f"{key}: {m.repo} at commit {m.commit[:12]} ({m.path})")
+    return with_models(spec, found)
+
+
 def check_model(spec: Any, needs_chat_template: bool = False):
     """Resolve the model path and load its tokenizer (builds builtin:tiny once). Returns the tokenizer."""
-    from rlhf.models import load_tokenizer, resolve_model_path
+    from rlhf.models import load_tokenizer, model_dir
 
-    path = resolve_model_path(spec.model.path, spec.model)
+    path = model_dir(spec)
     tok = load_tokenizer(path)
     if tok.pad_token is None:
         raise UserError(
@@ -135,7 +160,7 @@ def check_prompts(spec: Any, tokenizer) -> dict[str, int]:
     over: dict[str, int] = {}
     total = kept = 0
     for name in spec.data.train_files:
-        rows = read_rows(name, spec.data.prompt_key)
+        rows = read_rows(name, spec.data.prompt_key, spec.data.columns)
         check_prompt_rows(name, rows, spec.data.prompt_key)
         n_over = sum(1 for n in prompt_lengths(spec, tokenizer, rows) if n > limit)
         over[name] = n_over
@@ -185,12 +210,13 @@ def preflight(spec: Any, console: Any = None) -> Any:
     if spec.algo.kind == "rl":
         from rlhf.data.prompts import read_rows
 
-        first = read_rows(spec.data.train_files[0], spec.data.prompt_key) if spec.data.train_files else []
+        first = read_rows(spec.data.train_files[0], spec.data.prompt_key, spec.data.columns) \
+            if spec.data.train_files else []
         tok = check_model(spec, needs_chat_template(spec, first))
         over = check_prompts(spec, tok)
         if spec.eval.every > 0:  # eval prompts: readable, the prompt column, every row (rlhf.loops.rl_eval)
             for name in spec.data.eval_files:
-                check_prompt_rows(name, read_rows(name, spec.data.prompt_key), spec.data.prompt_key)
+                check_prompt_rows(name, read_rows(name, spec.data.prompt_key, spec.data.columns), spec.data.prompt_key)
         check_rewards(spec)
         n = sum(over.values())
         if n and console is not None:

@@ -106,8 +106,7 @@ def write_run_dir(spec: Any) -> Path:
 
 def run(spec: Any) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind
     if kind not in LOOPS:
         print(f"error: algo.kind={kind!r} has no loop. Use one of: {', '.join(LOOPS)}.", file=sys.stderr)
@@ -119,7 +118,7 @@ def run(spec: Any) -> int:
     on_main = _main_thread()
     old_term = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
     try:
-        from rlhf.preflight import check_output_dir, preflight
+        from rlhf.preflight import check_output_dir, preflight, resolve_models
 
         check_output_dir(spec.output_dir or "outputs/run")
         from rlhf.run_lock import RunLock
@@ -131,8 +130,11 @@ def run(spec: Any) -> int:
 
         console = Console(spec.tracking.console, spec.train.steps if kind == "rl" else None)
         console.print(f"run dir: {run_dir}")
-        # data, reward functions, model path and tokenizer: checked here, before the tracker and Ray
-        # start (also builds builtin:tiny once, before workers start)
+        # models found (Hub ids fetched), data, reward functions and tokenizer checked, all before the
+        # tracker and Ray start (also builds builtin:tiny once, before workers start)
+        spec = resolve_models(spec, console)
+        if any(m.repo for m in spec.models.values()):
+            write_run_dir(spec)  # spec.yaml records the Hub commits the workers load
         prepared = preflight(spec, console)  # sft/rm/dpo: the tokenised data sets
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(tracker.where())

@@ -10,6 +10,10 @@ Formats, chosen by the path:
                              a DatasetDict takes the ``train`` split unless ``dir::split`` names one
     builtin:<task>/<split>   the built-in task's files (generated on first use): keymap/train|eval
                              (RL prompts), keymap-sft/..., keymap-preference/..., keymap-prompts/...
+    hub:<org>/<name>[@<revision>][:<config>]:<split>
+                             a Hugging Face Hub data set (rlhf.data.hub), fetched into the HF cache
+
+``columns`` (``data.columns``: ["old:new", ...]) renames columns in every row of every file.
 
 Every problem becomes one ``UserError`` that names the file, the row and the fix, e.g.
 
@@ -35,6 +39,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from rlhf.spec.errors import UserError
 
 BUILTIN_PREFIX = "builtin:"
+HUB_PREFIX = "hub:"
 EXTENSIONS = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
 
 # key in DataSpec → what the value holds (for the "Set data.<x>_key=..." hint)
@@ -81,14 +86,18 @@ def resolve_builtin(name: str) -> str:
     return str(builtin.data_file(name))
 
 
-def load_file(path: str) -> Records:
-    """One file (or saved dataset directory) → Records. Raises UserError."""
+def load_file(path: str, columns: Optional[Sequence[str]] = None) -> Records:
+    """One file (or saved dataset directory, or Hub data set) → Records. Raises UserError."""
     spec = str(path)
     if spec.startswith(BUILTIN_PREFIX):
         real = resolve_builtin(spec[len(BUILTIN_PREFIX):])
-        rec = load_file(real)
+        rec = load_file(real, columns)
         rec.source = spec if real == spec else f"{spec} ({real})"
         return rec
+    if spec.startswith(HUB_PREFIX):
+        from rlhf.data.hub import load_rows
+
+        return _records(load_rows(spec), spec, columns)
     split = None
     if "::" in spec:
         spec, split = spec.rsplit("::", 1)
@@ -105,6 +114,10 @@ def load_file(path: str) -> Records:
         rows = _load_saved_dataset(p, split)
     else:
         rows = _load_by_name(p, spec)
+    return _records(rows, spec, columns)
+
+
+def _records(rows: list[Any], spec: str, columns: Optional[Sequence[str]]) -> Records:
     if not rows:
         raise UserError(f"data file {spec} is empty (no rows). Check the file, or remove it from data.train_files.")
     for i, r in enumerate(rows):
@@ -113,7 +126,26 @@ def load_file(path: str) -> Records:
                 f"data file {spec}, row {i}: expected an object with named fields, got {type(r).__name__} "
                 f"({_short(r)}). Write one JSON object per row, e.g. {{\"prompt\": ..., \"response\": ...}}."
             )
-    return Records(rows=rows, source=spec)
+    return Records(rows=rename_columns(rows, columns, spec) if columns else rows, source=spec)
+
+
+def rename_columns(rows: list[dict[str, Any]], columns: Sequence[str], source: str) -> list[dict[str, Any]]:
+    """Rows with ``old`` keys renamed to ``new`` (``data.columns``: "old:new" each); a row holding
+    both is an error."""
+    pairs = [tuple(c.split(":", 1)) for c in columns]
+    out = []
+    for i, row in enumerate(rows):
+        row = dict(row)
+        for old, new in pairs:
+            if old in row and old != new:
+                if new in row:
+                    raise UserError(
+                        f"data file {source}, row {i}: data.columns renames {old!r} to {new!r}, but the row has both. "
+                        f"Drop {old}:{new} from data.columns, or point the key (e.g. data.prompt_key) at one of them."
+                    )
+                row[new] = row.pop(old)
+        out.append(row)
+    return out
 
 
 def _load_by_name(p: Path, spec: str) -> list[Any]:
@@ -238,11 +270,12 @@ def _load_saved_dataset(p: Path, split: Optional[str]) -> list[dict[str, Any]]:
     return ds.to_list()
 
 
-def load_files(paths: Sequence[str], weights: Optional[Sequence[float]] = None, *, seed: int = 0) -> Records:
+def load_files(paths: Sequence[str], weights: Optional[Sequence[float]] = None, *, seed: int = 0,
+               columns: Optional[Sequence[str]] = None) -> Records:
     """Load and mix several files (see ``mix``); one file is returned as it is."""
     if not paths:
         raise UserError("no data files given. Set data.train_files=[path/to/train.jsonl].")
-    parts = [load_file(p) for p in paths]
+    parts = [load_file(p, columns) for p in paths]
     if len(parts) == 1 and weights is None:
         return parts[0]
     return mix(parts, weights, seed=seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from rlhf.spec.errors import UserError
 
@@ -29,17 +29,19 @@ def resolve_file(name: str) -> str:
     return str(path)
 
 
-def read_rows(name: str, prompt_key: Optional[str] = None) -> list[dict]:
+def read_rows(name: str, prompt_key: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> list[dict]:
     """All rows of one data file (``rlhf.data.files.load_file``: jsonl/json/parquet/csv, saved data
-    sets, builtin:<task>/<split>), each problem one UserError naming the file, the row and the fix."""
+    sets, builtin:<task>/<split>, hub:<data set>), columns renamed by ``columns`` (data.columns: old:new),
+    each problem one UserError naming the file, the row and the fix."""
     from rlhf.data.files import load_file
 
-    rows = load_file(name).rows
+    rows = load_file(name, columns).rows
     if prompt_key is not None and not any(prompt_key in r for r in rows):
         cols = sorted({k for r in rows[:100] for k in r})
         raise UserError(
             f"data file {name!r} has no column {prompt_key!r} (columns: {', '.join(map(str, cols))}). "
-            f"Set data.prompt_key to the prompt column."
+            f"Set data.prompt_key to the prompt column, or rename one: data.columns=[{cols[0] if cols else 'x'}:"
+            f"{prompt_key}]."
         )
     return rows
 
@@ -49,7 +51,7 @@ class PromptSource:
 
     def __init__(self, data_spec: Any, seed: int):
         self.spec = data_spec
-        self.files = [read_rows(f, data_spec.prompt_key) for f in data_spec.train_files]
+        self.files = [read_rows(f, data_spec.prompt_key, data_spec.columns) for f in data_spec.train_files]
         self.weights = list(data_spec.weights) if data_spec.weights else [len(r) for r in self.files]
         self.rng = random.Random(seed)
         self.consumed = 0

@@ -14,6 +14,7 @@ logical CPUs as slots (logical CPUs only gate scheduling; the processes share th
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -92,9 +93,14 @@ def init_ray(spec: Any) -> bool:
     if spec.ray.address:
         ray.init(address=spec.ray.address, runtime_env=env, log_to_driver=True)
         return False
+    # A new local cluster turns token authentication on by itself (RAY_AUTH_MODE unset) and logs a
+    # warning saying so on every start; that logger says nothing else. Token auth stays on.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     total = spec.layout.total_devices
     cpus = spec.ray.num_cpus or os.cpu_count() or 1
-    kwargs: dict = {"include_dashboard": False, "runtime_env": env, "log_to_driver": True}
+    # logging_level: Ray's own INFO lines ("Started a local Ray instance") repeat what the run prints
+    kwargs: dict = {"include_dashboard": False, "runtime_env": env, "log_to_driver": True,
+                    "logging_level": logging.WARNING}
     if spec.device == "cpu":
         kwargs["num_cpus"] = max(cpus, total)
         kwargs["num_gpus"] = 0

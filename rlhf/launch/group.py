@@ -14,15 +14,18 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def worker_env(spec: Any) -> dict[str, str]:
+    # Workers load the dirs the driver resolved (spec.models); they use the network only on a node
+    # that lacks a Hub snapshot (rlhf.models.model_dir), and only where the user allows it.
+    hub = any(m.repo for m in (getattr(spec, "models", None) or {}).values())
     env = {
         "PYTHONPATH": os.pathsep.join(p for p in [REPO_ROOT, os.environ.get("PYTHONPATH", "")] if p),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0" if hub else "1"),
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "DS_ACCELERATOR": "cpu" if spec.device == "cpu" else "cuda",
     }
-    for key in ("RLHF_CACHE", "HF_HOME", "RLHF_CPU_THREADS"):
+    for key in ("RLHF_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "RLHF_CPU_THREADS"):
         if key in os.environ:
             env[key] = os.environ[key]
     if spec.device == "cpu":

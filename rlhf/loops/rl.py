@@ -59,10 +59,10 @@ class Phases:
 
 
 def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
-    from rlhf.models import load_tokenizer, resolve_model_path
+    from rlhf.models import load_tokenizer, model_dir
 
     algo, B = spec.algo, spec.batch
-    tokenizer = load_tokenizer(resolve_model_path(spec.model.path, spec.model))
+    tokenizer = load_tokenizer(model_dir(spec))
     data = PromptSource(spec.data, spec.train.seed)
     from rlhf.preflight import long_prompt_filter
 

@@ -48,7 +48,7 @@ class Evaluator:
         rows: list[dict] = []
         for f in spec.data.eval_files:
             source = f.split(":", 1)[1] if f.startswith("builtin:") else Path(f).stem
-            for r in read_rows(f, spec.data.prompt_key):
+            for r in read_rows(f, spec.data.prompt_key, spec.data.columns):
                 rows.append({**r, "data_source": source_name(r.get("data_source") or source)})
         from rlhf.preflight import long_prompt_filter
 

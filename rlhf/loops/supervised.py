@@ -45,17 +45,18 @@ def max_length(spec: Any) -> int:
 
 
 def tokenizer_for(spec: Any):
-    from rlhf.models import load_tokenizer, resolve_model_path
+    from rlhf.models import load_tokenizer, model_dir
 
-    return load_tokenizer(resolve_model_path(spec.model.path, spec.model))
+    return load_tokenizer(model_dir(spec))
 
 
 def load_splits(spec: Any) -> tuple[Records, Records]:
     """(train, eval) records: ``data.eval_files`` when given, else a held-out fraction."""
     d = spec.data
-    train = load_files(list(d.train_files), list(d.weights) if d.weights else None, seed=spec.train.seed)
+    train = load_files(list(d.train_files), list(d.weights) if d.weights else None, seed=spec.train.seed,
+                       columns=d.columns)
     if d.eval_files:
-        return train, load_files(list(d.eval_files), seed=spec.train.seed)
+        return train, load_files(list(d.eval_files), seed=spec.train.seed, columns=d.columns)
     if spec.algo.eval_fraction <= 0:
         raise UserError(
             "no held-out data: set data.eval_files=[...] or algo.eval_fraction > 0 (e.g. 0.1)."

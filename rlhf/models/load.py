@@ -1,4 +1,4 @@
-"""Load models and tokenizers from a local HF checkpoint dir or ``builtin:<name>``.
+"""Load models and tokenizers from a local HF checkpoint dir, a Hugging Face Hub id or ``builtin:<name>``.
 
 Model kinds:
 
@@ -11,9 +11,12 @@ Model kinds:
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
+from rlhf.hub import is_repo_id
 from rlhf.spec.errors import UserError
 
 KINDS = ("causal_lm", "token_value", "sequence_score")
@@ -25,24 +28,120 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_model_path(path: str, model_spec: Any = None) -> str:
-    """``builtin:<name>`` -> its generated dir; otherwise a local HF checkpoint dir (checked)."""
+def resolve_model_path(path: str, model_spec: Any = None, *, revision: Optional[str] = None,
+                       what: str = "model.path", say: Optional[Callable[[str], None]] = None) -> str:
+    """``builtin:<name>`` -> its generated dir; a local HF checkpoint dir (checked); else a Hugging
+    Face Hub id -> its snapshot dir in the HF cache (downloaded if missing, rlhf.hub)."""
+    return resolve_model(path, model_spec, revision=revision, what=what, say=say).path
+
+
+def resolve_model(path: str, model_spec: Any = None, *, revision: Optional[str] = None,
+                  what: str = "model.path", say: Optional[Callable[[str], None]] = None):
+    """``resolve_model_path`` with where it came from: a ``ResolvedModel`` (path, hub repo, commit)."""
+    from rlhf.spec.build import ResolvedModel
+
     if path.startswith("builtin:"):
         from rlhf.models.builtin import builtin_model_dir
 
-        return str(builtin_model_dir(path.split(":", 1)[1], model_spec))
+        return ResolvedModel(path=str(builtin_model_dir(path.split(":", 1)[1], model_spec)))
     p = Path(path).expanduser()
-    if not p.exists():
+    if p.exists() or not is_repo_id(path):
+        if not p.exists():
+            raise UserError(
+                f"model path {path!r} does not exist. Give a local Hugging Face checkpoint dir "
+                "(with config.json), a Hub id (org/name), or model.path=builtin:tiny."
+            )
+        if revision:
+            raise UserError(f"{_rev_key(what)}={revision} is for a Hub id, but {what}={path} is a local dir. "
+                            f"Drop {_rev_key(what)}, or give the Hub id.")
+        check_checkpoint(p, path)
+        return ResolvedModel(path=str(p))
+    from rlhf.hub import snapshot
+
+    snap = snapshot(path, revision=revision, what=what, choose=model_files, say=say,
+                    complete=lambda d: _has_weights(Path(d)))
+    check_checkpoint(Path(snap.path), f"{path} (the cached snapshot {snap.path})")
+    return ResolvedModel(path=snap.path, repo=snap.repo, commit=snap.commit)
+
+
+def _rev_key(what: str) -> str:
+    return "reward.model_revision" if what == "reward.model_path" else "model.revision"
+
+
+def model_dir(spec: Any, role: str = "model") -> str:
+    """The local checkpoint dir of ``model.path`` (role "model") or ``reward.model_path`` ("reward")
+    in this process: the one the driver's preflight resolved (``spec.models``) when this node has
+    it; a Hub snapshot this node lacks is fetched here at the driver's commit (once per node: the
+    HF cache locks each file); a spec that was not preflighted resolves here."""
+    path, revision, what = ((spec.model.path, getattr(spec.model, "revision", None), "model.path") if role == "model"
+                            else (spec.reward.model_path, getattr(spec.reward, "model_revision", None),
+                                  "reward.model_path"))
+    done = (getattr(spec, "models", None) or {}).get(role)
+    if done is not None and Path(done.path).is_dir():
+        return done.path
+    if done is not None and done.repo:
+        return resolve_model_path(done.repo, spec.model, revision=done.commit, what=what)
+    return resolve_model_path(path, spec.model, revision=revision, what=what)
+
+
+# weight files transformers loads, one file or an index of shards (safetensors first)
+WEIGHTS = (("model.safetensors", "model.safetensors.index.json", r"model-\d+-of-\d+\.safetensors"),
+           ("pytorch_model.bin", "pytorch_model.bin.index.json", r"pytorch_model-\d+-of-\d+\.bin"))
+WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".onnx_data", ".ot", ".gguf",
+               ".ckpt", ".npz", ".tflite", ".mlmodel")
+
+
+def model_files(names: list[str], commit: str = "") -> list[str]:
+    """The files of a Hub model repo that loading needs: the top-level config, tokenizer and other
+    small files, and ONE set of weights (safetensors over .bin; no original/, ONNX, GGUF, ...)."""
+    top = [n for n in names if "/" not in n]
+    keep = [n for n in top if not n.endswith(WEIGHT_EXTS)]
+    for single, index, shard in WEIGHTS:
+        if single in top:
+            return keep + [single]
+        if index in top:
+            shards = [n for n in top if re.fullmatch(shard, n)]
+            return keep + (shards or [n for n in top if n.endswith(Path(single).suffix)])
+    return keep + ([n for n in top if n.endswith(".safetensors")] or [n for n in top if n.endswith(".bin")])
+
+
+def _has_weights(p: Path) -> bool:
+    try:
+        check_checkpoint(p, str(p))
+    except UserError:
+        return False
+    return True
+
+
+def check_checkpoint(p: Path, shown: str) -> None:
+    """A checkpoint dir: config.json and weights (a file, or an index whose shards are all there)."""
+    if not p.is_dir() or not (p / "config.json").exists():
         raise UserError(
-            f"model path {path!r} does not exist. Give a local Hugging Face checkpoint dir "
-            "(with config.json), or model.path=builtin:tiny."
-        )
-    if not (p / "config.json").exists():
-        raise UserError(
-            f"model path {path!r} is not a Hugging Face checkpoint: it has no config.json. "
+            f"model path {shown!r} is not a Hugging Face checkpoint: it has no config.json. "
             "Point at the dir that save_pretrained wrote."
         )
-    return str(p)
+    for single, index, _ in WEIGHTS:
+        if (p / single).exists():
+            return
+        if (p / index).exists():
+            try:
+                shards = sorted(set(json.loads((p / index).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as e:
+                raise UserError(f"model path {shown!r}: {index} is not a readable shard index ({type(e).__name__}). "
+                                "Save the checkpoint again with save_pretrained.") from None
+            missing = [s for s in shards if not (p / s).exists()]
+            if missing:
+                raise UserError(
+                    f"model path {shown!r}: {len(missing)} of the {len(shards)} weight files named in {index} are "
+                    f"missing ({missing[0]}). Copy or download the checkpoint again."
+                )
+            return
+    adapter = " It holds a LoRA adapter: give the merged model (a run's final/hf)." if \
+        (p / "adapter_config.json").exists() else ""
+    raise UserError(
+        f"model path {shown!r} has a config.json but no weights (model.safetensors, pytorch_model.bin or a "
+        f"sharded index).{adapter} Point at the dir that save_pretrained wrote."
+    )
 
 
 def skip_sklearn() -> None:

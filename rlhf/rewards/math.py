@@ -1,4 +1,6 @@
-"""Reward for math-style prompts with a numeric answer (``rlhf.data.arith``)."""
+"""Rewards for math-style prompts with a numeric answer: ``arith_reward`` (``rlhf.data.arith``'s
+answers are the number) and ``gsm8k_reward`` (GSM8K's answers are a worked solution ending in
+``#### <number>``)."""
 
 from __future__ import annotations
 
@@ -22,3 +24,9 @@ def arith_reward(prompts: list[str], responses: list[str], answer: list[str], **
         except ValueError:
             out.append(0.0)
     return out
+
+
+def gsm8k_reward(prompts: list[str], responses: list[str], answer: list[str], **metadata) -> list[float]:
+    """1.0 when the last number in the response equals the number after the answer's ``####``."""
+    finals = [a.split("####")[-1].strip().replace(",", "") for a in answer]
+    return arith_reward(prompts, responses, finals)

@@ -52,6 +52,15 @@ class Layout(S.Frozen):
 
 
 @dataclass
+class ResolvedModel(S.Frozen):
+    """Where a model of the run was found by the driver's preflight (``rlhf.models.resolve_model``)."""
+
+    path: str  # the local checkpoint dir (a Hub id's snapshot in the HF cache)
+    repo: Optional[str] = None  # the Hub repo, when it came from one
+    commit: Optional[str] = None  # ... and its commit: another node fetches exactly this one
+
+
+@dataclass
 class RunSpec(S.Frozen):
     algo: Any
     model: S.ModelSpec
@@ -76,6 +85,8 @@ class RunSpec(S.Frozen):
     overrides: tuple[str, ...] = field(default_factory=tuple)  # the command line's overrides
     changes: tuple[str, ...] = field(default_factory=tuple)  # what differs from the defaults (for the plan)
     auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.spec.auto)
+    # "model" / "reward" -> where preflight found model.path / reward.model_path (``with_models``)
+    models: dict[str, ResolvedModel] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -348,6 +359,11 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
     )
     spec.auto = resolve(spec)
     return freeze(spec)
+
+
+def with_models(spec: RunSpec, models: dict[str, ResolvedModel]) -> RunSpec:
+    """The spec with the models the driver resolved, frozen again (workers read these dirs)."""
+    return freeze(dataclasses.replace(spec, models=dict(models)))
 
 
 class FrozenDict(dict):

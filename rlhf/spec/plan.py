@@ -139,6 +139,7 @@ def render_plan(spec: Any) -> str:
     lines.append(f"model: {spec.model.path} · {size} parameters · {spec.model.dtype}{ckpt}")
     t = spec.train.max_tokens_per_micro_batch
     tokens = f" · ≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch)"
+    lines.extend(_hub_lines(spec))
     if a.kind == "rl":
         kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"
         critic = f" · critic lr {a.critic.lr:g}" if a.critic is not None else ""
@@ -204,3 +205,22 @@ def render_plan(spec: Any) -> str:
     if gpu:
         lines.append("✓ fits" if fits(spec, est) else "✗ does not fit (see above)")
     return "\n".join(lines)
+
+
+def _hub_lines(spec: Any) -> list[str]:
+    """Where Hub ids of the run come from: the HF cache (at which commit), or a download at start."""
+    import os
+
+    from rlhf.hub import cached_commit, hub_cache, is_repo_id
+
+    out = []
+    for key, path, rev in (("model.path", spec.model.path, spec.model.revision),
+                           ("reward.model_path", spec.reward.model_path, spec.reward.model_revision)):
+        if not path or path.startswith("builtin:") or os.path.exists(os.path.expanduser(path)) or not is_repo_id(path):
+            continue
+        commit = cached_commit(path, rev)
+        at = f" at revision {rev}" if rev else ""
+        where = (f"in the HF cache at commit {commit[:12]} ({hub_cache()})" if commit else
+                 f"downloaded when the run starts, into {hub_cache()} (set HF_HOME to move it)")
+        out.append(f"  {key} from the Hugging Face Hub{at}: {where}")
+    return out

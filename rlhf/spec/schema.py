@@ -153,7 +153,8 @@ class ModelSpec(Frozen):
     """A model: where to load it and the architecture numbers that memory planning needs."""
 
     name: str = MISSING
-    path: str = MISSING  # local HF checkpoint dir, hub id, or builtin:<name>
+    path: str = MISSING  # local HF checkpoint dir, Hugging Face Hub id (org/name), or builtin:<name>
+    revision: Optional[str] = None  # a Hub id's branch, tag or commit; None = main
     n_layers: int = MISSING
     hidden: int = MISSING
     intermediate: int = MISSING
@@ -248,7 +249,8 @@ class TrainSpec(Frozen):
 @dataclass
 class DataSpec(Frozen):
     name: str = MISSING
-    train_files: list[str] = field(default_factory=list)  # paths or builtin:<task>
+    # paths, builtin:<task>/<split>, or Hub data sets: hub:<org>/<name>[@<revision>][:<config>]:<split>
+    train_files: list[str] = field(default_factory=list)
     eval_files: list[str] = field(default_factory=list)
     weights: Optional[list[float]] = None  # mixing weights, one per train file
     prompt_key: str = "prompt"
@@ -256,6 +258,7 @@ class DataSpec(Frozen):
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
     messages_key: str = "messages"
+    columns: list[str] = field(default_factory=list)  # renames in every file's rows, old:new, e.g. [question:prompt]
     chat_template: bool = False  # render prompts with the tokenizer's chat template
     # sft/rm/dpo: tokens per example (prompt + response); None = rollout.max_prompt_tokens + max_response_tokens
     max_length: Optional[int] = None
@@ -288,7 +291,8 @@ class RewardSpec(Frozen):
     name: str = MISSING
     functions: list[RewardFnSpec] = field(default_factory=list)
     remote: Optional[RemoteRewardSpec] = None  # a reward service, scored beside the functions
-    model_path: Optional[str] = None  # a reward model checkpoint (scalar head)
+    model_path: Optional[str] = None  # a reward model checkpoint (scalar head): local dir or Hub id
+    model_revision: Optional[str] = None  # model_path's branch, tag or commit when it is a Hub id
     model_weight: float = 1.0
     timeout_s: float = 60.0
 

@@ -211,6 +211,11 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             f"data.weights has {len(data.weights)} entries but data.train_files has {len(data.train_files)}: "
             "give one weight per file."
         )
+    for i, c in enumerate(data.columns):
+        old, _, new = c.partition(":")
+        if not old or not new or ":" in new:
+            p.append(f"data.columns[{i}]={c!r} must be old:new (a column to rename and its new name), "
+                     "e.g. data.columns=[question:prompt].")
     rw = s["reward"]
     has_env = s.get("env") is not None and s["env"].fn is not None
     if algo.kind == "rl" and not rw.functions and not rw.model_path and rw.remote is None and not has_env:

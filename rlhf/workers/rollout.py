@@ -166,9 +166,9 @@ class RolloutWorker(EngineCallsMixin, Worker):
     """One rollout engine (a TP group's rank 0 on GPU; one process on CPU)."""
 
     def setup(self) -> None:
-        from rlhf.models import load_model, load_tokenizer, resolve_model_path
+        from rlhf.models import load_model, load_tokenizer, model_dir
 
-        path = resolve_model_path(self.spec.model.path, self.spec.model)
+        path = model_dir(self.spec)
         self.tokenizer = load_tokenizer(path)
         model = None
         if self.spec.rollout_engine == "hf":

@@ -112,9 +112,9 @@ class VLLMEngine:
         if isinstance(cfg, dict):
             cfg = EngineConfig(**cfg)
         elif not isinstance(cfg, EngineConfig):  # a RunSpec
-            from rlhf.models import resolve_model_path
+            from rlhf.models import model_dir
 
-            cfg = engine_config(cfg, resolve_model_path(cfg.model.path, cfg.model), **over)
+            cfg = engine_config(cfg, model_dir(cfg), **over)
         self.cfg = cfg
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else cfg.eos_token_id
         for k, v in SAFE_ENV.items():

@@ -88,9 +88,9 @@ class _Model(Worker):
     lora = False  # the policy's LoRA adapters (PolicyWorker); the critic trains every weight
 
     def model_path(self) -> str:
-        from rlhf.models import resolve_model_path
+        from rlhf.models import model_dir
 
-        return resolve_model_path(self.spec.model.path, self.spec.model)
+        return model_dir(self.spec)
 
     def load(self, kind: Optional[str] = None, path: Optional[str] = None):
         from rlhf.models import load_model, load_tokenizer
@@ -621,9 +621,9 @@ class RewardModelWorker(ReferenceWorker):
     kind = "sequence_score"
 
     def setup(self) -> None:
-        from rlhf.models import resolve_model_path
+        from rlhf.models import model_dir
 
-        path = resolve_model_path(self.spec.reward.model_path, self.spec.model)
+        path = model_dir(self.spec, "reward")
         self.module = self._frozen(self.load("sequence_score", path))
 
     @torch.no_grad()

@@ -142,6 +142,7 @@ def _tokenizer_dir(base_spec, tmp_path, pad=True, chat_template=True) -> Path:
     out = tmp_path / ("tok" + ("" if pad else "-nopad") + ("" if chat_template else "-nochat"))
     out.mkdir()
     shutil.copy(src / "config.json", out / "config.json")
+    shutil.copy(src / "model.safetensors", out / "model.safetensors")
     tok = AutoTokenizer.from_pretrained(src)
     if not pad:
         tok.pad_token = None
@@ -194,6 +195,7 @@ def test_checkpoint_without_a_tokenizer(base_spec, tmp_path):
     src = Path(resolve_model_path(base_spec.model.path, base_spec.model))
     (tmp_path / "m").mkdir()
     shutil.copy(src / "config.json", tmp_path / "m" / "config.json")
+    shutil.copy(src / "model.safetensors", tmp_path / "m" / "model.safetensors")
     with pytest.raises(UserError) as e:
         check_model(variant(base_spec, model={"path": str(tmp_path / "m")}))
     assert_clear(str(e.value), f"cannot load a tokenizer from '{tmp_path / 'm'}'")
