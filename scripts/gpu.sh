@@ -47,6 +47,7 @@ PYTEST="$PY -m pytest -c scripts/pytest-gpu.ini --rootdir=. -m gpu -v -rA --dura
 # name | lane (0, 1 or both) | timeout s | command      (in priority order within a lane)
 JOBS=$(cat <<'T'
 tests-kernels|0|240|$PYTEST tests/gpu/test_packed_kernels.py
+update-speed|0|300|$PY -m bench.update_speed
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py

@@ -7,12 +7,20 @@ For the policy's tokens only (M of them, not every position of the batch), with 
     logp_m   = z_m[y_m] - logsumexp(z_m)
     H_m      = logsumexp(z_m) - sum_v softmax(z_m)_v z_m,v          (entropy, same pass)
 
-Each chunk's logits exist only while that chunk is computed: under autograd a chunk is
-recomputed in the backward pass (activation checkpointing), so neither ``[M, V]`` logits nor
+Each chunk's logits exist only while that chunk is computed, so neither ``[M, V]`` logits nor
 their float32 copies are kept — the memory of one chunk instead of the whole vocabulary-sized
-tensor, and one matmul over the response tokens instead of the model's full ``[B, T, V]``
-head. Gradients: ``d logp_m / d z_m = onehot(y_m) - p_m`` and
-``d H_m / d z_m = -p_m (z_m - E_p[z_m])``, taken by autograd inside the chunk.
+tensor, and one matmul over the response tokens instead of the model's full ``[B, T, V]`` head.
+
+With a plain linear head (no bias, weight not partitioned) the backward pass is written out:
+forward keeps only ``h``, ``lse_m`` and ``E_p[z_m]``; backward recomputes each chunk's logits
+and forms
+
+    d loss / d z_m = g_m (onehot(y_m) - p_m) - e_m p_m (z_m - E_p[z_m])
+
+(``g``, ``e``: the gradients reaching ``logp`` and ``H``), then ``dh = dz W / tau`` and
+``dW = dz^T h / tau``: a handful of passes over each chunk instead of autograd's generic
+log-softmax/softmax backward. Any other head (a LoRA-adapted one, a ZeRO-3-partitioned one) is
+called as a module, each chunk under activation checkpointing, and autograd differentiates it.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from typing import Callable, Optional
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# logits (chunk rows × vocabulary) computed at once: 2^26 float32 values are 256 MB
+# logits (chunk rows × vocabulary) computed at once: 2^26 float32 values are 256 MB; on a GPU
+# 2^28 (1 GB), so that a 150k vocabulary still gets chunks of ~1,800 rows (fewer, larger matmuls)
 CHUNK_ELEMENTS = 1 << 26
+CUDA_CHUNK_ELEMENTS = 1 << 28
 
 
 def _chunk(head: Callable, h: torch.Tensor, y: torch.Tensor, tau: float, with_entropy: bool):
@@ -39,9 +49,75 @@ def _chunk(head: Callable, h: torch.Tensor, y: torch.Tensor, tau: float, with_en
     return logp, lse - (p * z).sum(-1)
 
 
+def _plain_linear_weight(head) -> Optional[torch.Tensor]:
+    """The weight of a bias-free ``nn.Linear`` whose parameters are whole (not ZeRO-3 shards)."""
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    w = head.weight
+    return None if hasattr(w, "ds_id") else w
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    """``(logp, entropy)`` of ``tokens`` under ``(hidden @ weight^T) / tau``, chunked (module doc)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, tau: float, with_entropy: bool, rows: int):  # type: ignore[override]
+        M = hidden.shape[0]
+        dt = torch.promote_types(hidden.dtype, torch.float32)
+        logp = torch.empty(M, dtype=dt, device=hidden.device)
+        lse = torch.empty(M, dtype=dt, device=hidden.device)
+        ez = torch.empty(M, dtype=dt, device=hidden.device) if with_entropy else lse
+        for s in range(0, M, rows):
+            z = _logits(hidden[s:s + rows], weight, tau, dt)
+            lse_c = torch.logsumexp(z, dim=-1)
+            lse[s:s + rows] = lse_c
+            logp[s:s + rows] = z.gather(1, tokens[s:s + rows, None]).squeeze(1) - lse_c
+            if with_entropy:  # E_p[z] = sum_v exp(z_v - lse) z_v
+                ez[s:s + rows] = (z - lse_c[:, None]).exp_().mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, weight, tokens, lse, ez)
+        ctx.tau, ctx.rows, ctx.with_entropy = tau, rows, with_entropy
+        return logp, ((lse - ez) if with_entropy else None)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_logp, g_ent):  # type: ignore[override]
+        hidden, weight, tokens, lse, ez = ctx.saved_tensors
+        tau, rows = ctx.tau, ctx.rows
+        dt = lse.dtype
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        d_hidden = torch.empty_like(hidden) if need_h else None
+        d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
+        use_ent = ctx.with_entropy and g_ent is not None
+        for s in range(0, hidden.shape[0], rows):
+            h = hidden[s:s + rows]
+            z = _logits(h, weight, tau, dt)
+            p = (z - lse[s:s + rows, None]).exp_()
+            g = g_logp[s:s + rows, None]
+            if use_ent:  # dz = -p (g + e (z - E_p[z])) + onehot(y) g
+                e = g_ent[s:s + rows, None].to(dt)
+                dz = z.sub_(ez[s:s + rows, None]).mul_(e).add_(g).mul_(p).neg_()
+            else:  # dz = -p g + onehot(y) g
+                dz = p.mul_(g).neg_()
+            dz.scatter_add_(1, tokens[s:s + rows, None], g)
+            if tau != 1.0:
+                dz.div_(tau)
+            if need_h:
+                d_hidden[s:s + rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:  # the chunk's product in the weights' dtype, summed in float32
+                prod = dz.t().to(weight.dtype) @ h.to(weight.dtype)
+                d_weight.add_(prod)
+        return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, tau: float, dt: torch.dtype) -> torch.Tensor:
+    z = (h @ weight.t()).to(dt)
+    return z.div_(tau) if tau != 1.0 else z
+
+
 def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
                          temperature: float = 1.0, with_entropy: bool = False, vocab: Optional[int] = None,
-                         chunk_elements: int = CHUNK_ELEMENTS) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                         chunk_elements: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(logp [M], entropy [M] or None)`` of ``tokens [M]`` under ``head(hidden [M, H]) / temperature``
     (see the module doc). ``vocab`` sizes the chunks (default: one probe of the head on one row).
     Results are float32 (float64 if the head computes in float64). Differentiable in ``hidden``
@@ -57,10 +133,15 @@ def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], to
     if vocab is None:
         with torch.no_grad():
             vocab = head(hidden[:1]).shape[-1]
+    if chunk_elements is None:
+        chunk_elements = CUDA_CHUNK_ELEMENTS if hidden.is_cuda else CHUNK_ELEMENTS
     rows = max(1, chunk_elements // max(int(vocab), 1))
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
     tokens = tokens.long()
+    weight = _plain_linear_weight(head)
+    if weight is not None and hidden.dtype == weight.dtype:
+        return _LinearLogprobs.apply(hidden, weight, tokens, float(temperature), with_entropy, rows)
     lps, ents = [], []
     for s in range(0, M, rows):
         h, y = hidden[s:s + rows], tokens[s:s + rows]

@@ -92,13 +92,17 @@ class _Model(Worker):
 
         return model_dir(self.spec)
 
+    # trained models load in float32 (DeepSpeed keeps float32 master weights from them)
+    def load_dtype(self) -> str:
+        return "float32"
+
     def load(self, kind: Optional[str] = None, path: Optional[str] = None):
         from rlhf.models import load_model, load_tokenizer
 
         path = path or self.model_path()
         tok = load_tokenizer(path)
         torch.manual_seed(self.spec.train.seed)  # new heads (critic, reward) start identical everywhere
-        model = load_model(path, kind or self.kind, "float32", pad_token_id=tok.pad_token_id)
+        model = load_model(path, kind or self.kind, self.load_dtype(), pad_token_id=tok.pad_token_id)
         if self.spec.model.liger_kernels:
             from rlhf.models.load import apply_liger
 
@@ -590,15 +594,10 @@ class ReferenceWorker(_Model):
         self.module = self._frozen(self.load())
         self.temperature = self.spec.rollout.temperature
 
-    def load(self, kind: Optional[str] = None, path: Optional[str] = None):
+    def load_dtype(self) -> str:
         """Frozen models run in the training dtype on GPU (bf16, as the policy's forward does),
-        not float32: half the memory and the tensor cores' speed."""
-        model = super().load(kind, path)
-        if self.device == "cuda":
-            from rlhf.models.load import torch_dtype
-
-            model = model.to(torch_dtype(self.spec.model.dtype))
-        return model
+        loaded so from the start: half the host and GPU memory of float32, the tensor cores' speed."""
+        return self.spec.model.dtype if self.device == "cuda" else "float32"
 
     def _frozen(self, model):
         model.requires_grad_(False).eval()

@@ -23,15 +23,28 @@ def _reference(h, W, y, tau):
     return torch.tensor(lp, dtype=torch.float64), torch.tensor(ent, dtype=torch.float64)
 
 
+class _WrappedHead(torch.nn.Module):
+    """Not a plain nn.Linear (as a LoRA-adapted or ZeRO-3 head): the checkpointed-autograd path."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.inner = linear
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("tau", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1 << 26, 11 * 3])  # one chunk; chunks of 3 rows (vocab 11)
-def test_values_match_float64_loops(tau, chunk):
+def test_values_match_float64_loops(tau, chunk, wrapped):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(7, 5, generator=g, dtype=torch.float64)
     W = torch.randn(11, 5, generator=g, dtype=torch.float64)
     y = torch.randint(0, 11, (7,), generator=g)
     head = torch.nn.Linear(5, 11, bias=False).double()
     head.weight.data.copy_(W)
+    head = _WrappedHead(head) if wrapped else head
     lp, ent = logprobs_from_hidden(h, head, y, tau, with_entropy=True, chunk_elements=chunk)
     ref_lp, ref_ent = _reference(h, W, y, tau)
     assert lp.dtype == torch.float64
@@ -39,23 +52,28 @@ def test_values_match_float64_loops(tau, chunk):
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-12)
 
 
-def test_gradients_match_full_softmax_autograd():
-    """Chunked + checkpointed gradients equal autograd through the full float64 softmax."""
+@pytest.mark.parametrize("wrapped", [False, True])  # written-out backward / checkpointed autograd
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_gradients_match_full_softmax_autograd(wrapped, entropy_grad):
+    """Chunked gradients equal autograd through the full float64 softmax."""
     g = torch.Generator().manual_seed(1)
     h = torch.randn(9, 6, generator=g, dtype=torch.float64, requires_grad=True)
-    head = torch.nn.Linear(6, 13, bias=False).double()
+    linear = torch.nn.Linear(6, 13, bias=False).double()
+    head = _WrappedHead(linear) if wrapped else linear
     y = torch.randint(0, 13, (9,), generator=g)
     a, b = torch.randn(9, generator=g, dtype=torch.float64), torch.randn(9, generator=g, dtype=torch.float64)
+    if not entropy_grad:
+        b = torch.zeros_like(b)
     lp, ent = logprobs_from_hidden(h, head, y, 0.8, with_entropy=True, chunk_elements=13 * 2)
-    (a * lp + b * ent).sum().backward()
-    g_h, g_w = h.grad.clone(), head.weight.grad.clone()
-    h.grad, head.weight.grad = None, None
-    z = head(h) / 0.8
+    ((a * lp + b * ent) if entropy_grad else a * lp).sum().backward()
+    g_h, g_w = h.grad.clone(), linear.weight.grad.clone()
+    h.grad, linear.weight.grad = None, None
+    z = linear(h) / 0.8
     logp_all = torch.log_softmax(z, -1)
     ref = (a * logp_all.gather(1, y[:, None]).squeeze(1) - b * (logp_all.exp() * logp_all).sum(-1)).sum()
     ref.backward()
     torch.testing.assert_close(g_h, h.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(g_w, head.weight.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g_w, linear.weight.grad, rtol=0, atol=1e-12)
 
 
 def test_bf16_head_gives_float32_results_close_to_float64():
@@ -78,3 +96,27 @@ def test_empty_and_bad_shapes():
         logprobs_from_hidden(torch.zeros(3, 4), head, torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError):
         logprobs_from_hidden(torch.zeros(3, 4), head, torch.zeros(3, dtype=torch.long), temperature=0.0)
+
+
+def test_bf16_gradients_close_to_float64():
+    """bf16 weights and hidden states: the written-out backward (float32 sums over chunks) stays
+    within bf16 rounding of the float64 gradients."""
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(40, 32, generator=g)
+    W = torch.randn(50, 32, generator=g) * 0.3
+    y = torch.randint(0, 50, (40,), generator=g)
+    a = torch.randn(40, generator=g)
+    head = torch.nn.Linear(32, 50, bias=False).bfloat16()
+    head.weight.data.copy_(W.bfloat16())
+    hb = h.bfloat16().requires_grad_()
+    lp, ent = logprobs_from_hidden(hb, head, y, with_entropy=True, chunk_elements=50 * 7)
+    (a * lp + 0.1 * a * ent).sum().backward()
+    hd = h.bfloat16().double().requires_grad_()
+    Wd = W.bfloat16().double().requires_grad_()
+    logp_all = torch.log_softmax(hd @ Wd.t(), -1)
+    ref = (a.double() * logp_all.gather(1, y[:, None]).squeeze(1)
+           - 0.1 * a.double() * (logp_all.exp() * logp_all).sum(-1)).sum()
+    ref.backward()
+    for got, want in ((hb.grad, hd.grad), (head.weight.grad, Wd.grad)):
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < 2e-2, rel

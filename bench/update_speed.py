@@ -1,0 +1,142 @@
+"""The actor update's forward + backward as the trainer runs it, variant by variant, in one process.
+
+    python -m bench.update_speed --preset qwen2.5-0.5b --samples 256 --prompt 40 --response 256
+
+Same random model (``bench.make_model`` shapes, bf16 on the GPU, no DeepSpeed), same packed
+micro-batches (``rlhf.data.packing``, ``--tokens`` per micro-batch), forward through the backbone
+with ``rlhf_varlen`` attention and ``rlhf.algos.logprobs_from_hidden`` (log-probs + entropy),
+backward of ``sum(logp) + 0.01 sum(entropy)``. Variants:
+
+* ``base``: as the trainer runs today (written-out LM-head backward);
+* ``ckpt_head``: the LM head through the generic checkpointed-autograd path (what a LoRA-adapted
+  or ZeRO-3 head takes);
+* ``liger``: ``base`` with Liger's RMSNorm/SwiGLU/RoPE kernels (``model.liger_kernels=true``).
+
+Prints seconds per update, model TFLOP/s (``rlhf.models.flops``) and MFU of ``--peak`` TFLOP/s,
+ratios to ``base`` taken in this one run, and a CUDA-time profile of ``base`` by kernel kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def _batch(samples: int, prompt: int, response: int, vocab: int, seed: int = 0):
+    from rlhf.data.batch import collate
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, vocab, (prompt,), generator=g).tolist() for _ in range(samples)]
+    lens = torch.randint(max(1, response // 4), response + 1, (samples,), generator=g).tolist()
+    resps = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lens]
+    return collate(prompts, resps, pad_id=0, response_width=response)
+
+
+def _model(path: str, liger: bool):
+    from rlhf.models.load import apply_liger, load_model
+    from rlhf.models.varlen import use_varlen
+
+    m = load_model(path, "causal_lm", "bfloat16")
+    if liger:
+        apply_liger(m)
+    use_varlen(m)
+    return m.cuda().train()
+
+
+class _Wrapped(torch.nn.Module):
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def _update(model, micro, head) -> None:
+    from rlhf.algos import logprobs_from_hidden
+    from rlhf.models.varlen import packed_kwargs
+
+    for p in micro:
+        hidden = model.base_model(**packed_kwargs(p, "cuda")).last_hidden_state[0][p["pred_index"].cuda()]
+        lp, ent = logprobs_from_hidden(hidden, head, p["targets"].cuda(), 1.0, True, vocab=model.config.vocab_size)
+        (lp.sum() + 0.01 * ent.sum()).backward()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="qwen2.5-0.5b")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=40)
+    ap.add_argument("--response", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=32768, help="tokens per packed micro-batch")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--peak", type=float, default=989.0)
+    ap.add_argument("--variants", default="base,ckpt_head,liger")
+    a = ap.parse_args(argv)
+    from bench.common import make_random_model
+    from rlhf.data.packing import pack, real_lengths, token_groups
+    from rlhf.models.flops import flop_shape
+
+    path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)
+    results = {}
+    for variant in a.variants.split(","):
+        model = _model(path, liger=variant == "liger")
+        head = model.get_output_embeddings()
+        if variant == "ckpt_head":
+            head = _Wrapped(head)
+        b = _batch(a.samples, a.prompt, a.response, model.config.vocab_size)
+        plen, rlen = real_lengths(b)
+        micro = [pack(b, rows) for rows in token_groups((plen + rlen).tolist(), a.tokens)]
+        shape = flop_shape(model)
+        flops = sum(3 * shape.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
+                                      float(p["sq_lengths"])) for p in micro)
+        _update(model, micro, head)  # warm-up
+        times = []
+        for _ in range(a.repeats):
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            _update(model, micro, head)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        s = sorted(times)[len(times) // 2]
+        results[variant] = {"s": s, "tflops": flops / s / 1e12, "mfu": flops / s / 1e12 / a.peak,
+                            "micro_batches": len(micro), "tokens": sum(int(p["input_ids"].numel()) for p in micro),
+                            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        if variant == "base":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                _update(model, micro, head)
+                torch.cuda.synchronize()
+            kinds: dict[str, float] = {}
+            for ev in prof.key_averages():
+                name = ev.key.lower()
+                kind = ("matmul" if any(k in name for k in ("gemm", "matmul", "cutlass", "sm90", "nvjet")) else
+                        "attention" if any(k in name for k in ("flash", "attn", "fmha")) else "other")
+                kinds[kind] = kinds.get(kind, 0.0) + getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0))
+            total = sum(kinds.values()) or 1.0
+            results[variant]["cuda_time_share"] = {k: round(v / total, 3) for k, v in kinds.items()}
+            results[variant]["top_kernels"] = [
+                (ev.key[:60], round(getattr(ev, "device_time_total", 0) / 1e3, 1))
+                for ev in sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total", 0))[:12]]
+        del model
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = results.get("base", {}).get("s")
+    print(f"update fwd+bwd, {a.preset}, {a.samples} samples × ({a.prompt} + ≤{a.response}) tokens, "
+          f"≤ {a.tokens} tokens per micro-batch")
+    print("| variant | s / update | TFLOP/s | MFU | vs base |")
+    print("| --- | --- | --- | --- | --- |")
+    for v, r in results.items():
+        print(f"| {v} | {r['s']:.3f} | {r['tflops']:.0f} | {r['mfu']:.1%} | {base / r['s'] if base else 0:.2f} |")
+    print("RESULT " + json.dumps({"name": "update_speed", **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
