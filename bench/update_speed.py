@@ -7,7 +7,9 @@ micro-batches (``rlhf.data.packing``, ``--tokens`` per micro-batch), forward thr
 with ``rlhf_varlen`` attention and ``rlhf.algos.logprobs_from_hidden`` (log-probs + entropy),
 backward of ``sum(logp) + 0.01 sum(entropy)``. Variants:
 
-* ``base``: as the trainer runs today (written-out LM-head backward);
+* ``base``: as the trainer runs today (written-out LM-head backward, its elementwise passes
+  compiled by torch.compile);
+* ``eager_head``: the same without torch.compile (``RLHF_COMPILE=0``);
 * ``ckpt_head``: the LM head through the generic checkpointed-autograd path (what a LoRA-adapted
   or ZeRO-3 head takes);
 * ``liger``: ``base`` with Liger's RMSNorm/SwiGLU/RoPE kernels (``model.liger_kernels=true``).
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32768, help="tokens per packed micro-batch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peak", type=float, default=989.0)
-    ap.add_argument("--variants", default="base,ckpt_head,liger")
+    ap.add_argument("--variants", default="base,eager_head,liger")
     a = ap.parse_args(argv)
     from bench.common import make_random_model
     from rlhf.data.packing import pack, real_lengths, token_groups
@@ -83,7 +85,10 @@ def main(argv=None) -> int:
 
     path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)
     results = {}
+    import os
+
     for variant in a.variants.split(","):
+        os.environ["RLHF_COMPILE"] = "0" if variant == "eager_head" else "1"
         model = _model(path, liger=variant == "liger")
         head = model.get_output_embeddings()
         if variant == "ckpt_head":
@@ -94,7 +99,10 @@ def main(argv=None) -> int:
         shape = flop_shape(model)
         flops = sum(3 * shape.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
                                       float(p["sq_lengths"])) for p in micro)
-        _update(model, micro, head)  # warm-up
+        t0 = time.perf_counter()
+        _update(model, micro, head)  # warm-up (and compilation)
+        torch.cuda.synchronize()
+        warm = time.perf_counter() - t0
         times = []
         for _ in range(a.repeats):
             model.zero_grad(set_to_none=True)
@@ -104,7 +112,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         s = sorted(times)[len(times) // 2]
-        results[variant] = {"s": s, "tflops": flops / s / 1e12, "mfu": flops / s / 1e12 / a.peak,
+        results[variant] = {"s": s, "warmup_s": warm, "tflops": flops / s / 1e12, "mfu": flops / s / 1e12 / a.peak,
                             "micro_batches": len(micro), "tokens": sum(int(p["input_ids"].numel()) for p in micro),
                             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
         if variant == "base":

@@ -67,13 +67,12 @@ class _LinearLogprobs(torch.autograd.Function):
         logp = torch.empty(M, dtype=dt, device=hidden.device)
         lse = torch.empty(M, dtype=dt, device=hidden.device)
         ez = torch.empty(M, dtype=dt, device=hidden.device) if with_entropy else lse
+        stats = _kernel(_chunk_stats, hidden)
         for s in range(0, M, rows):
-            z = _logits(hidden[s:s + rows], weight, tau, dt)
-            lse_c = torch.logsumexp(z, dim=-1)
-            lse[s:s + rows] = lse_c
-            logp[s:s + rows] = z.gather(1, tokens[s:s + rows, None]).squeeze(1) - lse_c
-            if with_entropy:  # E_p[z] = sum_v exp(z_v - lse) z_v
-                ez[s:s + rows] = (z - lse_c[:, None]).exp_().mul_(z).sum(-1)
+            lp_c, lse_c, ez_c = stats(hidden[s:s + rows] @ weight.t(), tokens[s:s + rows], tau, with_entropy)
+            logp[s:s + rows], lse[s:s + rows] = lp_c, lse_c
+            if with_entropy:
+                ez[s:s + rows] = ez_c
         ctx.save_for_backward(hidden, weight, tokens, lse, ez)
         ctx.tau, ctx.rows, ctx.with_entropy = tau, rows, with_entropy
         return logp, ((lse - ez) if with_entropy else None)
@@ -88,31 +87,53 @@ class _LinearLogprobs(torch.autograd.Function):
         d_hidden = torch.empty_like(hidden) if need_h else None
         d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
-        use_ent = ctx.with_entropy and g_ent is not None
+        e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else torch.zeros_like(lse)
+        grad = _kernel(_chunk_grad, hidden)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
-            z = _logits(h, weight, tau, dt)
-            p = (z - lse[s:s + rows, None]).exp_()
-            g = g_logp[s:s + rows, None]
-            if use_ent:  # dz = -p (g + e (z - E_p[z])) + onehot(y) g
-                e = g_ent[s:s + rows, None].to(dt)
-                dz = z.sub_(ez[s:s + rows, None]).mul_(e).add_(g).mul_(p).neg_()
-            else:  # dz = -p g + onehot(y) g
-                dz = p.mul_(g).neg_()
-            dz.scatter_add_(1, tokens[s:s + rows, None], g)
-            if tau != 1.0:
-                dz.div_(tau)
+            sl = slice(s, s + rows)
+            dz = grad(h @ weight.t(), tokens[sl], lse[sl], ez[sl], g_logp[sl], e_all[sl], tau)
             if need_h:
-                d_hidden[s:s + rows] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+                d_hidden[s:s + rows] = (dz @ weight).to(hidden.dtype)
             if need_w:  # the chunk's product in the weights' dtype, summed in float32
-                prod = dz.t().to(weight.dtype) @ h.to(weight.dtype)
-                d_weight.add_(prod)
+                d_weight.add_(dz.t() @ h.to(weight.dtype))
         return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None
 
 
-def _logits(h: torch.Tensor, weight: torch.Tensor, tau: float, dt: torch.dtype) -> torch.Tensor:
-    z = (h @ weight.t()).to(dt)
-    return z.div_(tau) if tau != 1.0 else z
+def _chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_entropy: bool):
+    """A chunk's ``(logp, lse, E_p[z])`` from its logits in the head's dtype (``z`` = logits / tau,
+    in float32 or wider)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / tau
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(1, tokens[:, None]).squeeze(1) - lse
+    ez = (torch.exp(z - lse[:, None]) * z).sum(-1) if with_entropy else None
+    return logp, lse, ez
+
+
+def _chunk_grad(logits, tokens, lse, ez, g, e, tau: float):
+    """``d loss / d logits`` of a chunk, in the logits' dtype:
+    ``(-p (g + e (z - E_p[z])) + onehot(y) g) / tau``."""
+    z = logits.to(lse.dtype) / tau
+    p = torch.exp(z - lse[:, None])
+    dz = -p * (g[:, None] + e[:, None] * (z - ez[:, None]))
+    dz = dz.scatter_add(1, tokens[:, None], g[:, None])
+    return (dz / tau).to(logits.dtype)
+
+
+_compiled: dict = {}
+
+
+def _kernel(fn, like: torch.Tensor):
+    """``fn`` compiled by torch.compile on CUDA (its elementwise passes over a chunk fused into a few
+    kernels; compiled once per process, shapes dynamic), ``fn`` itself elsewhere or when
+    ``RLHF_COMPILE=0``."""
+    import os
+
+    if not like.is_cuda or os.environ.get("RLHF_COMPILE", "1") == "0":
+        return fn
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, dynamic=True)
+    return _compiled[fn]
 
 
 def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
