@@ -124,16 +124,32 @@ _compiled: dict = {}
 
 
 def _kernel(fn, like: torch.Tensor):
-    """``fn`` compiled by torch.compile on CUDA (its elementwise passes over a chunk fused into a few
-    kernels; compiled once per process, shapes dynamic), ``fn`` itself elsewhere or when
-    ``RLHF_COMPILE=0``."""
+    """``fn`` compiled by torch.compile (its elementwise passes over a chunk fused into a few
+    kernels; shapes dynamic) on CUDA when ``RLHF_COMPILE=1``; ``fn`` itself otherwise, and from
+    the first call whose compilation fails on (one warning)."""
     import os
 
-    if not like.is_cuda or os.environ.get("RLHF_COMPILE", "1") == "0":
+    if not like.is_cuda or os.environ.get("RLHF_COMPILE", "0") != "1":
         return fn
     if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True)
+        _compiled[fn] = _guarded(fn, torch.compile(fn, dynamic=True))
     return _compiled[fn]
+
+
+def _guarded(fn, compiled):
+    def call(*args):
+        if _compiled.get(fn) is fn:
+            return fn(*args)
+        try:
+            return compiled(*args)
+        except Exception as e:  # noqa: BLE001 - an inductor/Triton failure must not stop training
+            import warnings
+
+            warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}); running it eagerly")
+            _compiled[fn] = fn
+            return fn(*args)
+
+    return call
 
 
 def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,

@@ -31,7 +31,7 @@ STEPS = 3
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
        "rollout.max_response_tokens=1", "checkpoint.every=1", "checkpoint.save_hf=false", f"train.steps={STEPS}",
        "tracking.console=plain", "ray.num_cpus=2"]  # MLflow tracking on: the default sqlite store
-TIMING = ("time/", "throughput/")
+TIMING = ("time/", "throughput/", "perf/")
 REPO = str(Path(__file__).resolve().parents[2])
 
 
