@@ -105,6 +105,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
         sync.after_generate()
         sync.sync()  # the rollout engines get the restored policy
         console.print(f"resumed from {resumed.path} at step {start + 1}")
+    # the starting policy's evaluation, logged with the first step's metrics as eval_before/...
+    before = ({f"eval_before/{k[5:]}": v for k, v in evaluator.run().items()}
+              if evaluator is not None and spec.eval.before_training and start == 0 else {})
     _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
     from rlhf.track import MetricsFile
 
@@ -182,6 +185,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value
+            m.update(before)
+            before = {}
             evaluated = evaluator is not None and evaluator.due(step, ckpt)
             if evaluated:
                 t_eval = time.perf_counter()

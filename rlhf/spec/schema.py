@@ -322,6 +322,8 @@ class EvalSpec(Frozen):
     n_samples: int = 4  # sampled responses per prompt: pass@n_samples
     pass_threshold: float = 1.0  # a response passes when its reward is >= this
     max_prompts: Optional[int] = None  # the first N eval prompts; None = all
+    # also evaluate the starting policy before the first step (logged with step 1 as eval_before/...)
+    before_training: bool = False
 
 
 @dataclass
