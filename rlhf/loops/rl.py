@@ -219,7 +219,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
 
 
 def sampling_for(spec: Any, step: int, first_prompt: int, n_prompts: int) -> Sampling:
-    seeds = tuple(spec.train.seed * 1_000_000_007 + step * 100_003 + first_prompt + i for i in range(n_prompts))
+    seeds = tuple(spec.train.seed * 1_000_000_007 + step * 100_003 + first_prompt + i for i in range(n_prompts)) \
+        if spec.rollout.seeded else ()
     r = spec.rollout
     return Sampling(n=spec.algo.group_size, max_new_tokens=r.max_response_tokens, temperature=r.temperature,
                     top_p=r.top_p, top_k=r.top_k, seeds=seeds)

@@ -60,6 +60,10 @@ def resolve(spec: Any) -> tuple[Decision, ...]:
         train.max_tokens_per_micro_batch = spec.batch.micro_batch_size * seq
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch,
                             f"{spec.batch.micro_batch_size} samples × {seq} tokens"))
+    if spec.rollout.seeded is None:
+        spec.rollout.seeded = spec.rollout_engine == "hf"
+        out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
+                            "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
     out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)

@@ -101,12 +101,13 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
 
 
 def _decisions(spec: Any) -> list[str]:
-    """One line per value the build chose from the memory figures (rlhf.spec.auto), with its reason."""
+    """One line per value the build chose (rlhf.spec.auto), with its reason."""
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
         "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",
         "placement.offload_train_state": lambda v: (
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
+        "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
     }
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 

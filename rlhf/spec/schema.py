@@ -223,6 +223,10 @@ class RolloutSpec(Frozen):
     top_k: int = -1
     gpu_memory_utilization: float = 0.5  # vLLM's share of each GPU
     enforce_eager: bool = False
+    # a seed per prompt (derived from train.seed, the step and the prompt's place), so a step's
+    # samples can be drawn again. null = auto: on with HF generate; off with vLLM, whose sampler
+    # draws seeded requests one by one (a kernel per request per token) instead of in one batch
+    seeded: Optional[bool] = None
 
 
 @dataclass

@@ -114,6 +114,10 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
     if rollout.engine == "vllm" and hw.accelerator == "cpu":
         p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
+    hf_engine = rollout.engine == "hf" or (rollout.engine == "auto" and hw.accelerator != "cuda")
+    if rollout.seeded is False and hf_engine:
+        p.append("rollout.seeded=false: HF generate draws every sample from its own seeded generator, so it needs "
+                 "the seeds. Use rollout.seeded=true (or leave it unset).")
 
     # ---- placement
     n_before_placement = len(p)
