@@ -141,7 +141,11 @@ def _hardware(spec: Any, nodes: int, per_node: int) -> list[str]:
         if same and (h.get("nodes", 1), h.get("devices_per_node", 1)) == (nodes, per_node):
             return [f"hardware={name}"]
     out = [f"hardware.nodes={nodes}"] if nodes != hw.nodes else []
-    return out + ([f"hardware.devices_per_node={per_node}"] if per_node != hw.devices_per_node else [])
+    if per_node != hw.devices_per_node:
+        out.append(f"hardware.devices_per_node={per_node}")
+        if hw.host_memory_gb > 0:  # a node with more GPUs has more host memory: the same per GPU
+            out.append(f"hardware.host_memory_gb={hw.host_memory_gb * per_node / hw.devices_per_node:g}")
+    return out
 
 
 def _more_devices(spec: Any, total: int) -> list[str]:

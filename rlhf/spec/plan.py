@@ -57,6 +57,9 @@ def _advice(spec: Any, est: Estimate, name: str) -> str:
     if name in TRAINING_FIGURES and not min_gpus(spec, est, name):
         return "Use a smaller model or sequence length: activations and runtime alone do not fit."
     if name == HOST:
+        if max(est.host, key=est.host.get) == "model loading":
+            return ("Every training process on a node loads the whole model on the host (float32 for a trained "
+                    "one): use a smaller model, fewer GPUs per node, or nodes with more host memory.")
         return "Use LoRA, more GPUs (less optimizer state per node), or hardware with more host memory."
     return "Use more GPUs or a smaller model."
 
