@@ -181,6 +181,9 @@ class HardwareSpec(Frozen):
     devices_per_node: int = 1  # GPUs, or CPU worker slots when accelerator=cpu
     device_memory_gb: float = 0.0
     peak_bf16_tflops: float = 0.0
+    # host memory of one node (GB): the plan checks what the run keeps there (offloaded optimizer
+    # and training states, model loading, processes); 0 = not checked
+    host_memory_gb: float = 0.0
 
 
 # --------------------------------------------------------------------------- placement

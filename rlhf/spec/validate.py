@@ -125,6 +125,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     _choice(p, "placement.mode", pl.mode, ("hybrid", "disaggregated"))
     if hw.accelerator == "cuda" and hw.device_memory_gb <= 0:
         p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (80 for an H100).")
+    if hw.host_memory_gb < 0:
+        p.append(f"hardware.host_memory_gb={hw.host_memory_gb} must be >= 0 (GB of memory per node; 0 = not checked).")
     if pl.mode == "hybrid":
         for r in ("actor", "critic", "reference", "reward"):
             if getattr(pl, r):
