@@ -40,6 +40,8 @@ ACT_BYTES_FINAL_NORM = 8
 # head output (2 B): 18 B per logit. Measured on an H200 the policy's
 # training pass peaks 9.6-11.6 B per (response token × vocabulary) above the rest, far more than
 # one chunk, so the plan counts LOGPROB_BYTES_PER_LOGIT for every token of the micro-batch
+# (on a GPU chunks are now 2^28 logits, rlhf.algos.logprobs.CUDA_CHUNK_ELEMENTS, and the LM head's
+# backward is written out, with one weight gradient instead of one per chunk: to be re-measured)
 # (t ≥ its response tokens) until that is found (docs/memory.md).
 LOGITS_CHUNK = 2**26
 CHUNK_BYTES_PER_LOGIT = 18
