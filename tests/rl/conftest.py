@@ -59,7 +59,7 @@ def fifth_means(rows: list[dict], key: str = "reward/mean") -> tuple[float, floa
 
 
 # The built-in task: random responses score about 0.05, the best constant answer 0.34, the optimum 1.
-# With its defaults every RL algorithm ends at 0.96-0.998 (mean of the last 5 of 120 steps, seeds 0-2;
+# With its defaults every RL algorithm ends at 0.96-0.99 (mean of the last 5 of 120 steps, seeds 0-2;
 # docs/algorithms.md), so a run ending below LEARNED has stopped learning.
 LEARNED = 0.8
 RANDOM = 0.2  # the first 5 steps score below this: the reward is learned, not there from the start
