@@ -451,7 +451,7 @@ def add_advantages(spec, batch: Batch, scores: torch.Tensor, values, kl_ctl, sam
     adv, ret = algos.compute_advantages(
         algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
         group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)
-    if algo.estimator == "gae":
+    if algo.estimator == "gae" and algo.whiten_advantages:
         # PPO practice: whiten GAE advantages over the batch (returns stay unwhitened for the critic)
         adv = algos.masked_whiten(adv, mask)
     batch["advantages"] = adv.float()

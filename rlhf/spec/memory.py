@@ -40,9 +40,9 @@ ACT_BYTES_FINAL_NORM = 8
 # head output (2 B): 18 B per logit. Measured on an H200 the policy's
 # training pass peaks 9.6-11.6 B per (response token × vocabulary) above the rest, far more than
 # one chunk, so the plan counts LOGPROB_BYTES_PER_LOGIT for every token of the micro-batch
-# (on a GPU chunks are now 2^28 logits, rlhf.algos.logprobs.CUDA_CHUNK_ELEMENTS, and the LM head's
-# backward is written out, with one weight gradient instead of one per chunk: to be re-measured)
-# (t ≥ its response tokens) until that is found (docs/memory.md).
+# (t ≥ its response tokens) until that is found (docs/memory.md). That measurement predates the
+# written-out LM-head backward (one weight gradient instead of one per chunk) and the 2^28-logit
+# GPU chunks (rlhf.algos.logprobs.CUDA_CHUNK_ELEMENTS): to be measured again.
 LOGITS_CHUNK = 2**26
 CHUNK_BYTES_PER_LOGIT = 18
 LOGPROB_BYTES_PER_LOGIT = 9

@@ -60,6 +60,7 @@ class RLAlgo(Frozen):
     normalize_std: bool = True  # GRPO: divide by the group's std
     gamma: float = 1.0
     lam: float = 0.95
+    whiten_advantages: bool = True  # gae: scale advantages to mean 0, std 1 over the batch (off: raw GAE)
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: Optional[float] = None

@@ -57,6 +57,9 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
                 f"algo.critic is set but algo.estimator={algo.estimator} uses no critic (only gae does). "
                 "Remove the critic settings (algo.critic=null) or use algo=ppo."
             )
+        if not algo.whiten_advantages and algo.estimator != "gae":
+            p.append(f"algo.whiten_advantages=false only applies to algo.estimator=gae (PPO); "
+                     f"{algo.estimator} sets its own advantage scale. Drop the override.")
         if algo.clip_low <= 0 or algo.clip_high <= 0:
             p.append(f"algo.clip_low={algo.clip_low}, algo.clip_high={algo.clip_high}: clip ranges must be > 0.")
         if algo.dual_clip is not None and algo.dual_clip <= 1:

@@ -7,7 +7,8 @@ import pytest
 from tests.rl.conftest import fifth_means, make_spec, run_rl
 
 STEPS = 20
-ENV = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=3", "train.seed=1",
+# algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning
+ENV = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=3", "train.seed=1", "algo.lr=5e-3",
        "env.fn=rlhf.envs.keymap:KeymapChain", "env.max_turns=2"]
 
 
