@@ -549,8 +549,28 @@ def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False):
     return build(cfg, overrides=tuple(overrides), changes=(f"resume={folder}", *overrides))
 
 
-def execute(spec: Any) -> int:
-    """Plan or run a built spec; the return value is the process exit code.
+def check_before_run(spec: Any) -> int:
+    """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
+    having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
+    from rlhf.spec.errors import UserError
+
+    try:
+        if spec.hardware.accelerator == "cuda":
+            from rlhf.preflight import check_fits
+
+            check_fits(spec)
+        from rlhf.preflight import check_output_dir
+
+        check_output_dir(spec.output_dir)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_CONFIG)
+    return 0
+
+
+def execute(spec: Any, checked: bool = False) -> int:
+    """Plan or run a built spec; the return value is the process exit code. ``checked``:
+    ``check_before_run`` has passed already.
 
     The sweep (rlhf/sweep.py) calls this for every job too.
     """
@@ -561,24 +581,19 @@ def execute(spec: Any) -> int:
         return 0
     from rlhf.spec.errors import UserError
 
+    if not checked:
+        code = check_before_run(spec)
+        if code:
+            return code
     if spec.hardware.accelerator == "cuda":
-        from rlhf.preflight import check_fits
         from rlhf.spec.memory import estimate
         from rlhf.spec.plan import warnings
 
-        try:
-            check_fits(spec)  # a plan that does not fit stops before the run dir is made
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
     from rlhf.run import run
 
     try:
-        from rlhf.preflight import check_output_dir
-
-        check_output_dir(spec.output_dir)
         return int(run(spec) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -653,12 +668,15 @@ def run_in_hydra(spec: Any, overrides: Sequence[str], config_dir: Optional[str] 
     built from the same config before Hydra started, so a config error never starts a job."""
     from rlhf.hydra_app import hydra_overrides, run_app
 
+    code = check_before_run(spec)  # before Hydra makes the run dir
+    if code:
+        return code
     codes: list[int] = []
     raised: list[BaseException] = []
 
     def task(cfg: Any) -> None:
         try:
-            codes.append(execute(spec))
+            codes.append(execute(spec, checked=True))
         except BaseException as e:  # noqa: BLE001 - raised again outside Hydra, which would print it as its own
             raised.append(e)
 

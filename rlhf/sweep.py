@@ -245,7 +245,8 @@ def search_jobs(overrides: Sequence[str], base: Any) -> list[Job]:
 
     from rlhf.cli import parse_overrides
 
-    params = dict(OmegaConf.to_container(OmegaConf.select(base, "hydra.sweeper.params", default=None) or {}))
+    node = OmegaConf.select(base, "hydra.sweeper.params", default=None)
+    params = OmegaConf.to_container(node) if node is not None else {}
     lines = [f"{k}={v}" for k, v in params.items()] + [o for o in overrides if not is_hydra_override(o)]
     fixed, searched = [], {}
     for ov in parse_overrides(lines):
