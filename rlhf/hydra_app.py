@@ -8,6 +8,7 @@ command line first (one-line errors, exit 2) and then hands it to ``run_app`` wi
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -58,6 +59,10 @@ def run_app(task: Callable[[Any], Any], argv: Sequence[str], config_dir: Optiona
     app = hydra.main(config_path=path, config_name=config_name, version_base="1.3")(task)
     saved = sys.argv
     sys.argv = [saved[0] if saved else "rlhf-run", *argv]
+    # --info sets the root logger to DEBUG with a handler on sys.stdout and leaves it: undone after,
+    # for a caller that goes on in this process (the tests, a sweep's driver)
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
     try:
         app()
         return 0
@@ -66,6 +71,9 @@ def run_app(task: Callable[[Any], Any], argv: Sequence[str], config_dir: Optiona
     finally:
         sys.argv = saved
         GlobalHydra.instance().clear()
+        root.setLevel(level)
+        for h in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(h)
 
 
 def hydra_overrides(config_dir: Optional[str]) -> list[str]:
