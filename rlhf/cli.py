@@ -6,8 +6,11 @@
     rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config    # rerun a run's saved config
     rlhf-run resume=outputs/2026-11-29/12-00-00            # continue it from its newest checkpoint
 
-A single run is composed with Hydra's compose API, so every config error becomes one readable
-line and exit code 2 before anything starts (HYDRA_FULL_ERROR=1 shows the traceback instead).
+    rlhf-run --cfg job algo=ppo                            # Hydra's flags: --cfg, --info, -sc, ...
+
+rlhf-run is a Hydra app (rlhf/hydra_app.py). The config is first composed with Hydra's compose
+API, so every config error becomes one readable line and exit code 2 before anything starts
+(HYDRA_FULL_ERROR=1 shows the traceback instead); then ``hydra.main`` runs the job in its run dir.
 The composed config is typed by the schemas in Hydra's ConfigStore; ``rlhf.spec.build`` turns it
 into the frozen RunSpec once, here in the driver.
 """
