@@ -312,6 +312,9 @@ class TrackingSpec(Frozen):
     experiment: str = "rlhf"
     console: str = "rich"  # rich | plain | none
     log_every: int = 1
+    # what a sweep (-m) returns to Hydra's sweeper, e.g. Optuna's objective: this metric's mean over
+    # the last fifth of the steps that logged it (reward/mean, eval/greedy/reward_mean, ...)
+    objective: str = "reward/mean"
 
 
 @dataclass
