@@ -98,8 +98,8 @@ class RaySweepHooks(SweepHooks):
         from rlhf.launch.group import worker_env
 
         cpus = spec.ray.num_cpus or os.cpu_count() or 1
-        kwargs: dict = {"include_dashboard": False, "runtime_env": {"env_vars": worker_env(spec)},
-                        "log_to_driver": True}
+        kwargs: dict = {"address": "local", "include_dashboard": False,  # the sweep's own cluster
+                        "runtime_env": {"env_vars": worker_env(spec)}, "log_to_driver": True}
         if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout
             kwargs.update(num_cpus=max(cpus, 64), num_gpus=0)
         else:

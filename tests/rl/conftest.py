@@ -22,7 +22,7 @@ def rl_env(tmp_path_factory):
     if not ray.is_initialized():
         from rlhf.launch.group import REPO_ROOT
 
-        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"RLHF_CACHE": str(cache), "OMP_NUM_THREADS": "1",
                                            "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}})
         started = True
