@@ -45,7 +45,8 @@ def test_cfg_job_prints_the_config_the_run_writes(recording_run, tmp_path, monke
     assert cli.main(ARGV) == 0
     spec, _ = recording_run[0]
     run_dir = Path(spec.output_dir)
-    assert run_dir.parts[0] == "outputs" and (run_dir / ".hydra" / "config.yaml").is_file()  # Hydra's run dir
+    # Hydra's run dir, without Hydra's .hydra/ (hydra.output_subdir=null: the run writes config.yaml)
+    assert run_dir.parts[0] == "outputs" and not (run_dir / ".hydra").exists()
     assert printed == yaml.safe_load((run_dir / "config.yaml").read_text())
     assert printed["algo"]["name"] == "rloo" and printed["train"]["steps"] == 3
 
