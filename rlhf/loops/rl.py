@@ -6,7 +6,7 @@ One step, top to bottom:
               → reward functions (+ reward model) score them; dynamic sampling may resample
               → reference log-probs (KL), old log-probs (off-policy steps / KL in reward),
                 critic values (PPO)
-              → advantages (rlhf.algos.compute_advantages, KL in reward, overlong penalty)
+              → advantages (rlhf.algos.objective: overlong penalty, KL in reward, estimator, whitening)
               → policy update (+ critic update), mini-batches × epochs, split over DP ranks
               → weight sync to the rollout engines → metrics → checkpoint hook
 
@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 
 from rlhf import algos
+from rlhf.algos import objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, select, size
 from rlhf.data.prompts import PromptSource, render_prompt
@@ -419,41 +420,18 @@ def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 
 
 def add_advantages(spec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
-    """Shape the scores, compute advantages (and returns for PPO) into ``batch``; KL metrics."""
-    algo = spec.algo
+    """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
     mask = batch["response_mask"]
-    out: dict[str, float] = {}
-    scores = scores.clone()
-    if algo.overlong_buffer:
-        lengths = mask.sum(-1)
-        pen = algos.overlong_penalty(lengths, spec.rollout.max_response_tokens, algo.overlong_buffer,
-                                     algo.overlong_penalty)
-        # a sample cut at the length limit counts as over it
-        truncated = torch.tensor([s.finish_reason == "length" for s in samples])
-        pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
-        scores = scores + pen
-        out["reward/overlong_penalty"] = float(pen.mean())
-    if algo.reward_normalize or algo.reward_clip is not None:
-        scores = algos.normalize_scores(scores, "batch" if algo.reward_normalize else "none", algo.reward_clip)
-    token_rewards = None
-    if "ref_logp" in batch:
-        policy_logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
-        kl = algos.kl_penalty(policy_logp, batch["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
-        out["kl/mean"] = float(algos.masked_mean(kl, mask))
-        if algo.kl.placement == "reward" and kl_ctl.value > 0:
-            token_rewards = -kl_ctl.value * kl
-    adv, ret = algos.compute_advantages(
-        algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
-        group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)
-    if algo.estimator == "gae":
-        # PPO practice: whiten GAE advantages over the batch (returns stay unwhitened for the critic)
-        adv = algos.masked_whiten(adv, mask)
-    batch["advantages"] = adv.float()
-    if ret is not None:
-        batch["returns"] = ret.float()
-    out["advantages/mean"] = float(algos.masked_mean(adv, mask))
-    out["advantages/abs_mean"] = float(algos.masked_mean(adv.abs(), mask))
-    return out
+    ref = "ref_logp" in batch
+    adv = objective.advantages(
+        spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
+        max_response_tokens=spec.rollout.max_response_tokens, values=values,
+        policy_logp=(batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]) if ref else None,
+        ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value)
+    batch["advantages"] = adv.advantages
+    if adv.returns is not None:
+        batch["returns"] = adv.returns
+    return adv.metrics
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf.spec import schema as S
 from rlhf.spec.auto import Decision, resolve
 from rlhf.spec.errors import SpecError
-from rlhf.spec.validate import validate
+from rlhf.spec.validate import estimator_info, validate
 
 ROLES = ("actor", "critic", "reference", "reward", "rollout")
 
@@ -241,7 +241,8 @@ def _value_in(msg: str) -> str:
 def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[str, ...]:
     roles = ["actor"]
     if algo.kind == "rl":
-        if algo.estimator == "gae":
+        est = estimator_info(algo)
+        if est is not None and est.needs_critic:
             roles.append("critic")
         if algo.kl.coef > 0 and lora_rank == 0:  # with LoRA the actor, adapters off, is the reference
             roles.append("reference")
