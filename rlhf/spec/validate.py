@@ -183,7 +183,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
                     f"but hardware={hw.name} has {total}. Use placement.rollout.engines={total // tp} (or 0 = all)."
                 )
     if pl.mode == "disaggregated" and 1 <= tp <= hw.devices_per_node and pl.rollout.engines >= 0:
-        from rlhf.spec.build import disaggregated_counts
+        from rlhf.spec.layout import disaggregated_counts
 
         counts = disaggregated_counts(pl, roles, total)
         need = sum(counts.values())
@@ -373,7 +373,7 @@ def _or(values: list[int]) -> str:
 
 def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     """The batch math of one step: samples → mini-batches → ranks → micro-batches must divide evenly."""
-    from rlhf.spec.build import plan_layout
+    from rlhf.spec.layout import plan_layout
 
     algo, train = s["algo"], s["train"]
     world = plan_layout(s, roles).world_size("actor")
