@@ -34,7 +34,7 @@ class Frozen:
 @dataclass
 class KLSpec(Frozen):
     coef: float = 0.0
-    estimator: str = "k3"  # k1 | k2 | k3
+    estimator: str = "k3"  # k1 | k2 | k3, or one registered by algo.plugins (rlhf.algos.registry)
     placement: str = "loss"  # loss | reward
     adaptive: bool = False  # adaptive controller (Ziegler et al. 2019), only in reward
     target: float = 6.0
@@ -55,7 +55,13 @@ class RLAlgo(Frozen):
 
     name: str = MISSING
     kind: str = "rl"
-    estimator: str = MISSING  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    # advantage estimator (rlhf.algos.registry): gae | grpo | dr_grpo | rloo | reinforce_pp |
+    # reinforce_pp_baseline, or one registered by algo.plugins
+    estimator: str = MISSING
+    policy_loss: str = "clip"  # clip (PPO's clipped surrogate), or one registered by algo.plugins
+    # modules imported in the driver and the workers before the parts above are looked up: their
+    # decorators register more estimators, policy losses and KL estimators (rlhf.algos.registry)
+    plugins: list[str] = field(default_factory=list)
     group_size: int = 1  # samples per prompt
     normalize_std: bool = True  # GRPO: divide by the group's std
     gamma: float = 1.0

@@ -42,7 +42,7 @@ BAD = [
     (["algo=rloo", "algo.critic={lr:1}"], ["algo=rloo has no critic", "estimator rloo"]),
     (["algo=ppo", "algo.critic=null"], ["algo.estimator=gae needs a critic", "algo.critic.lr"]),
     (["algo=rloo", "algo.whiten_advantages=false"],
-     ["algo.whiten_advantages=false only applies to algo.estimator=gae", "rloo", "Drop the override"]),
+     ["algo.whiten_advantages=false only applies to estimators that whiten", "rloo", "Drop the override"]),
     # override syntax
     (["+algo.lr=3"], ["algo.lr already exists", "algo.lr=VALUE"]),
     (["~algo.foo"], ["cannot delete algo.foo", "no such key"]),

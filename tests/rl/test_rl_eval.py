@@ -205,7 +205,7 @@ def evaluator(data, tmp_path, monkeypatch):
     from rlhf.loops.rl_eval import make_evaluator
     from rlhf.models import load_model, load_tokenizer, resolve_model_path
     from rlhf.rewards import Rewards
-    from rlhf.workers.rollout import HFEngine
+    from rlhf.rollout.hf import HFEngine
     from tests.rl.conftest import make_spec
 
     if not os.environ.get("RLHF_CACHE"):
