@@ -77,9 +77,10 @@ def run_app(task: Callable[[Any], Any], argv: Sequence[str], config_dir: Optiona
 
 
 def hydra_overrides(config_dir: Optional[str]) -> list[str]:
-    """The Hydra settings every run gets: the job's name, and (for a saved config, which has no
+    """The Hydra settings every run gets: the job's name, no ``.hydra/`` in the run dir (the run
+    writes its own config.yaml once it holds the dir's lock), and (for a saved config, which has no
     defaults list of its own) the logging choice of conf/config.yaml."""
-    out = ["hydra.job.name=rlhf"]
+    out = ["hydra.job.name=rlhf", "hydra.output_subdir=null"]
     if config_dir is not None:
         out += ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     return out
