@@ -50,7 +50,7 @@ def run_app(task: Callable[[Any], Any], argv: Sequence[str], config_dir: Optiona
     import hydra
     from hydra.core.global_hydra import GlobalHydra
 
-    from rlhf.cli import register_configs
+    from rlhf.config.groups import register_configs
     from rlhf.paths import conf_dir
 
     register_configs()
@@ -85,22 +85,3 @@ def hydra_overrides(config_dir: Optional[str]) -> list[str]:
         out += ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     return out
 
-
-def group_choices(group: str) -> list[str]:
-    """The options of one of Hydra's own groups (hydra/sweeper, hydra/launcher), plugins included."""
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()  # plugins register their configs when they are discovered
-    try:
-        names = ConfigStore.instance().list(group)
-    except OSError:
-        names = []
-    import importlib.resources
-
-    try:  # Hydra's shipped yaml options (hydra/job_logging: default, none, ...)
-        folder = importlib.resources.files("hydra.conf").joinpath(group)
-        names += [p.name for p in folder.iterdir()] if folder.is_dir() else []
-    except (ModuleNotFoundError, FileNotFoundError):
-        pass
-    return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith(".yaml")})

@@ -23,12 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.spec.errors import UserError
-
-EXIT_USER = 2
-EXIT_INTERRUPT = 130  # Ctrl-C (SIGINT): 128 + 2
-EXIT_TERMINATED = 143  # SIGTERM (a scheduler's preemption, kill <pid>): 128 + 15
-EXIT_FAILURE = 1  # a worker process died
 
 
 class Terminated(KeyboardInterrupt):

@@ -7,7 +7,7 @@ in this process. ``hydra/sweeper=optuna`` searches ``hydra.sweeper.params`` inst
 grpo_tiny_optuna): each job returns ``tracking.objective`` (its mean over the last fifth of the
 steps) to the sweeper, and the best trial is reported at the end. ``hydra/launcher=...`` sends the
 jobs elsewhere (submitit_slurm: a SLURM cluster). Each job builds its spec exactly like a single run
-and calls ``rlhf.cli.execute(spec)``.
+and calls ``rlhf.execute.execute(spec)``.
 
 - Before any job starts, every job's config is composed once (a search: the config at each bound
   and choice of every searched key): a sweep whose definition is broken (an unknown option or
@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from rlhf.config import build_spec, check_group_choices, compose, parse_overrides, stamped, unique_dir
+from rlhf.config.exits import EXIT_CONFIG
+from rlhf.execute import execute
 from rlhf.spec.errors import SpecError
-
-EXIT_CONFIG = 2
 
 
 @dataclass
@@ -215,8 +216,6 @@ def expand(overrides: Sequence[str]) -> list[Job]:
     of Hydra's basic sweeper (the first override varies slowest)."""
     import itertools
 
-    from rlhf.cli import parse_overrides
-
     choices = []
     for ov in parse_overrides([o for o in overrides if not is_hydra_override(o)]):
         key = ov.get_key_element()
@@ -231,8 +230,6 @@ def sweeper_of(overrides: Sequence[str], config_dir: Optional[str], config_name:
     """(the sweeper's class path, the composed base config) with the sweep's fixed overrides."""
     from omegaconf import OmegaConf
 
-    from rlhf.cli import compose, parse_overrides
-
     fixed = [ov.input_line for ov in parse_overrides(overrides) if not ov.is_sweep_override()]
     cfg = compose(fixed, config_dir=config_dir, config_name=config_name)
     return str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="")), cfg
@@ -242,8 +239,6 @@ def search_jobs(overrides: Sequence[str], base: Any) -> list[Job]:
     """The jobs that stand for a search (Optuna): the fixed overrides, with each searched key at
     each end of its interval or range and at each of its choices (the other keys at their first)."""
     from omegaconf import OmegaConf
-
-    from rlhf.cli import parse_overrides
 
     node = OmegaConf.select(base, "hydra.sweeper.params", default=None)
     params = OmegaConf.to_container(node) if node is not None else {}
@@ -272,8 +267,6 @@ def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str,
               settings: Sequence[str] = ()) -> list[Any]:
     """Compose every job's config (with the sweep's ``hydra`` settings); raise SpecError naming
     each job that does not compose."""
-    from rlhf.cli import check_group_choices, compose
-
     problems, configs = [], []
     for job in jobs:
         try:
@@ -348,8 +341,6 @@ class _Sweep:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import open_dict
 
-        from rlhf import cli
-
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
         job = self.jobs.get(tuple(o for o in overrides if not is_hydra_override(o))) or Job(int(hc.job.num), overrides)
@@ -363,10 +354,10 @@ class _Sweep:
             with open_dict(cfg):
                 cfg.output_dir = out  # each job in its own directory, whatever the config says
             choices = dict(hc.runtime.choices)
-            spec = cli.build_spec(cfg, overrides, plan=False, config_dir=self.config_dir, choices=choices)
+            spec = build_spec(cfg, overrides, plan=False, config_dir=self.config_dir, choices=choices)
             for h in self.hooks:
                 h.job_start(job, spec)
-            code = cli.execute(spec)
+            code = execute(spec)
             result.exit_code = int(code or 0)
             result.status = "ok" if result.exit_code == 0 else "failed"
             if result.exit_code:
@@ -417,11 +408,9 @@ def summarize(results: Sequence[JobResult], sweep_dir: Optional[str]) -> str:
 
 def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> int:
     """``rlhf-run -m ...``: returns the exit code (0 all ok, 1 a job failed, 2 a broken sweep)."""
-    from rlhf import cli
-
     hooks = default_hooks() if hooks is None else list(hooks)
     if args.config_dir is None:
-        cli.check_group_choices(args.overrides, allow_sweep=True)
+        check_group_choices(args.overrides, allow_sweep=True)
     target, base = sweeper_of(args.overrides, args.config_dir, args.config_name)
     settings = [o for o in args.overrides if is_hydra_override(o)]
     if target.endswith("BasicSweeper"):
@@ -435,8 +424,8 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
         for job, cfg in zip(jobs, configs):
             print(f"=== job #{job.index}: {' '.join(job.overrides) or '(defaults)'}")
             try:
-                spec = cli.build_spec(cfg, job.overrides, plan=True, config_dir=args.config_dir)
-                code = cli.execute(spec)
+                spec = build_spec(cfg, job.overrides, plan=True, config_dir=args.config_dir)
+                code = execute(spec)
                 results.append(JobResult(job.index, job.overrides, "ok" if code == 0 else "failed", code))
             except SpecError as e:
                 print(e.render())
@@ -449,7 +438,7 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
     if not any(o.split("=", 1)[0].lstrip("+") == "hydra.sweep.dir" for o in overrides):
         # Hydra's default (multirun/<date>/<time>) is the same for two sweeps started in the same
         # second, and so would be their jobs' run dirs: a dir of its own for this sweep
-        overrides.append(f"hydra.sweep.dir={cli.unique_dir(cli.stamped('multirun'), claim=True)}")
+        overrides.append(f"hydra.sweep.dir={unique_dir(stamped('multirun'), claim=True)}")
     _run_hydra_multirun(sweep, overrides, args.config_dir, args.config_name)
     if sweep.sweep_dir:
         import yaml

@@ -151,7 +151,7 @@ def test_an_optuna_search_records_failed_trials_and_reports_the_best(tmp_path, m
         Path(spec.output_dir, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return 0
 
-    monkeypatch.setattr(cli, "execute", execute)
+    monkeypatch.setattr(sweep, "execute", execute)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])
     argv = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=8",
             "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=1", f"hydra.sweep.dir={tmp_path / 's'}",

@@ -22,7 +22,7 @@ def fake_execute(monkeypatch, tmp_path):
             raise RuntimeError("boom")
         return 3 if spec.train.steps == 3 else 0
 
-    monkeypatch.setattr(cli, "execute", execute)
+    monkeypatch.setattr(sweep, "execute", execute)
     # no Ray cluster and no MLflow parent run for a stand-in execute (the default hooks start them)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])
     return seen

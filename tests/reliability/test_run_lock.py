@@ -82,11 +82,12 @@ def test_two_runs_in_the_same_second_get_two_run_dirs(tmp_path, monkeypatch):
 
 def test_a_spec_that_does_not_build_gives_its_claimed_dir_back(tmp_path, monkeypatch, capsys):
     from rlhf import cli
+    from rlhf.config import build
 
     monkeypatch.chdir(tmp_path)
     claimed = []
     real = cli.run_dir_for
-    monkeypatch.setattr(cli, "run_dir_for", lambda cfg, claim=False: claimed.append(real(cfg, claim)) or claimed[-1])
+    monkeypatch.setattr(build, "run_dir_for", lambda cfg, claim=False: claimed.append(real(cfg, claim)) or claimed[-1])
     assert cli.main(["train.steps=-1", "tracking.backend=none"]) == 2
     assert len(claimed) == 1 and claimed[0].startswith("outputs")
     assert "train.steps" in capsys.readouterr().err
@@ -99,6 +100,7 @@ def test_two_sweeps_in_the_same_second_get_two_sweep_dirs(tmp_path, monkeypatch,
     import yaml
 
     from rlhf import cli, sweep
+    from rlhf.config import rundir
 
     class Frozen(dt.datetime):
         @classmethod
@@ -106,8 +108,8 @@ def test_two_sweeps_in_the_same_second_get_two_sweep_dirs(tmp_path, monkeypatch,
             return cls(2026, 1, 2, 3, 4, 5)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "datetime", Frozen)
-    monkeypatch.setattr(cli, "execute", lambda spec: 0)  # no training: where the jobs go is the point
+    monkeypatch.setattr(rundir, "datetime", Frozen)
+    monkeypatch.setattr(sweep, "execute", lambda spec: 0)  # no training: where the jobs go is the point
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])
     for _ in range(2):
         assert sweep.multirun_main(cli.parse_args(["-m", "train.steps=1,2", "tracking.backend=none"])) == 0

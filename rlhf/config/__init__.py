@@ -1,0 +1,27 @@
+"""The config layer: the config groups composed with Hydra's compose API, overrides parsed and
+checked, Hydra's errors as one line, the run dir named, and the composed config built into the
+frozen RunSpec. ``rlhf.cli`` (the command line) and ``rlhf.sweep`` (``-m``) both use it; it knows
+neither of them, nor the Hydra app (``rlhf.hydra_app``) that runs a job.
+
+    groups.py       GROUPS, group_options, default_choices, register_configs (ConfigStore), group_choices
+    overrides.py    parse_overrides, check_group_choices
+    composition.py  compose, hydra_message (a Hydra/OmegaConf error → one line)
+    rundir.py       stamped, unique_dir, run_dir_for
+    build.py        changes_from_defaults, build_spec, resume_spec
+    exits.py        the exit codes
+"""
+
+from rlhf.config.build import build_spec, changes_from_defaults, resume_dir, resume_spec
+from rlhf.config.composition import compose, hydra_message
+from rlhf.config.exits import EXIT_CONFIG, EXIT_FAILURE, EXIT_INTERRUPT, EXIT_OK, EXIT_TERMINATED, EXIT_USER
+from rlhf.config.groups import (GROUPS, INTERNAL_GROUPS, default_choices, group_choices, group_options,
+                                register_configs)
+from rlhf.config.overrides import check_group_choices, parse_overrides
+from rlhf.config.rundir import run_dir_for, stamped, unique_dir
+
+__all__ = [
+    "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_OK", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
+    "INTERNAL_GROUPS", "build_spec", "changes_from_defaults", "check_group_choices", "compose",
+    "default_choices", "group_choices", "group_options", "hydra_message", "parse_overrides",
+    "register_configs", "resume_dir", "resume_spec", "run_dir_for", "stamped", "unique_dir",
+]

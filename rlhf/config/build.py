@@ -1,0 +1,118 @@
+"""The composed config → the frozen RunSpec: what the run changes, its run dir, a resumed run's spec."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rlhf.config.composition import compose
+from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
+from rlhf.config.overrides import parse_overrides
+from rlhf.config.rundir import run_dir_for
+from rlhf.paths import recipes_dir
+
+
+def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[dict] = None) -> tuple[str, ...]:
+    """What this run changes: group choices other than the default, a recipe's keys, and every key
+    set on the command line with its resulting value. ``choices``: Hydra's group choices (default:
+    the composed config's hydra.runtime.choices)."""
+    from omegaconf import OmegaConf
+
+    out = []
+    if choices is None:
+        choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    defaults = default_choices()
+    for g in GROUPS:
+        choice = choices.get(g)
+        if g == "recipe" or choice is None or choice == defaults.get(g):
+            continue
+        out.append(f"{g}={choice} (default {defaults.get(g)})")
+    recipe = choices.get("recipe")
+    if recipe:
+        path = recipes_dir() / f"{recipe}.yaml"
+        keys = []
+        if path.is_file():
+            node = OmegaConf.to_container(OmegaConf.load(path))
+            node.pop("defaults", None)
+            from rlhf.spec.build import flatten
+
+            keys = [f"{k}={v}" for k, v in flatten(node).items()]
+        out.append(f"recipe={recipe}" + (f": {' '.join(keys)}" if keys else ""))
+    try:
+        parsed = parse_overrides(overrides)
+    except Exception:
+        parsed = []
+    for ov in parsed:
+        key = ov.key_or_group
+        if key in GROUPS + INTERNAL_GROUPS or key.startswith("hydra.") or key == "hydra":
+            continue
+        if ov.is_delete():
+            out.append(f"~{key} (removed)")
+            continue
+        value = OmegaConf.select(cfg, key, default=None)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
+        out.append(f"{key}={value}")
+    return tuple(out)
+
+
+def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
+               choices: Optional[dict] = None, claim_run_dir: bool = False):
+    """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
+    if the primary config did not come from the shipped groups. ``claim_run_dir``: create the
+    default run dir now (``run_dir_for``); it is removed again if the spec does not build."""
+    from omegaconf import open_dict
+
+    from rlhf.spec.build import build
+
+    claimed = None
+    with open_dict(cfg):
+        if plan:
+            cfg.mode = "plan"
+        saved = cfg.get("output_dir")
+        if saved and config_dir and Path(str(saved)).resolve() == Path(config_dir).resolve():
+            # Rerunning a run's saved config: the same config, in a new run dir of its own.
+            cfg.output_dir = None
+        if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
+            cfg.output_dir = claimed = run_dir_for(cfg, claim=claim_run_dir and not plan)
+    try:
+        if config_dir is None:
+            changes = changes_from_defaults(cfg, overrides, choices)
+        else:  # a saved config: what differs is the whole file, then the overrides on it
+            changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
+        return build(cfg, overrides=tuple(overrides), changes=changes)
+    except BaseException:
+        if claimed and claim_run_dir:
+            with contextlib.suppress(OSError):  # only while empty, with its empty parents (outputs/<date>)
+                os.removedirs(claimed)
+        raise
+
+
+def resume_dir(overrides: Sequence[str]) -> Optional[str]:
+    """The run dir of ``resume=DIR`` among the overrides, if any."""
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k == "resume" and v not in ("", "null"):
+            return v
+    return None
+
+
+def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False):
+    """``rlhf-run resume=<run dir> [KEY=VALUE ...]``: the run's saved config.yaml (+ overrides), in
+    the same run dir; the RL loop then loads the newest checkpoint and continues at the next step."""
+    from omegaconf import open_dict
+
+    from rlhf.spec.build import build
+    from rlhf.spec.errors import SpecError
+
+    folder = Path(run_dir).expanduser().resolve()
+    if not (folder / "config.yaml").is_file():
+        raise SpecError([f"resume={run_dir}: no config.yaml there. Give the run dir of the run to continue "
+                         "(outputs/<date>/<time>, the one holding config.yaml and checkpoints/)."])
+    cfg = compose(list(overrides) + [f"output_dir={folder}", f"resume={folder}"], config_dir=str(folder),
+                  config_name="config")
+    with open_dict(cfg):
+        cfg.mode = "plan" if plan else "run"
+    return build(cfg, overrides=tuple(overrides), changes=(f"resume={folder}", *overrides))
