@@ -1,6 +1,6 @@
 """Two Ray nodes on this machine and the runs of tests/multinode/test_multinode.py on them.
 
-Run as its own process (``python tests/multinode/scenario.py <work dir>``): the driver of these
+Run as its own process (``python tests/multinode/scenario.py <work dir> [grpo|ppo]``): the driver of these
 runs must join the simulated cluster, while the pytest worker may already be a driver of the
 suite's local Ray. Writes ``<work dir>/results.json``; the tests read it.
 
@@ -18,6 +18,9 @@ dead within about a second.
    during step 3. The driver's error line, exit code, and what is left on the cluster.
 5. ``resumed``: node B back (a new raylet: the cluster of the original shape), ``resume=`` of
    the lost run's dir, to the end.
+
+``ppo`` (a separate, slow test): PPO hybrid with two data-parallel ranks of the actor and the
+critic on one node × 2 slots, then on 2 nodes × 1 slot.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LOSE_AT = 3  # node B goes in step 3, after step 2's checkpoint
 TOY = ["algo=grpo", "algo.kl.coef=0", "train.prompts_per_step=4", "algo.group_size=4", "train.micro_batch_size=8",
        "rollout.max_response_tokens=2", "train.seed=3", "tracking.backend=none", "tracking.console=plain",
        "checkpoint.every=1", "checkpoint.save_hf=false", f"train.steps={STEPS}"]
+PPO = ["algo=ppo", "algo.group_size=1", "train.prompts_per_step=16"]  # a critic; one sample per prompt
 GPU_LAYOUTS = {  # name -> overrides of a 2 × 4 GPU hardware (llama3-8b: 8 heads split by TP 2)
     "hybrid_tp2": ["placement.rollout.tensor_parallel=2"],
     "disagg_tp2": ["placement=disaggregated", "placement.actor=2", "placement.reference=2",
@@ -152,62 +156,83 @@ def worker_pids(raylet_pid: int) -> list[str]:
     return out
 
 
-def main(work: Path) -> None:
-    import ray
-    from ray._private import ray_constants
+def start_cluster():
+    """Node A (head; this driver's) and node B: (cluster, node B, A's id, B's id)."""
     from ray.cluster_utils import Cluster
 
-    results: dict = {"timing": {}}
-    t0 = time.perf_counter()
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         NODE, include_dashboard=False,
         _system_config={"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
                         "health_check_failure_threshold": 2}))
     node_b = cluster.add_node(**NODE)
-    a, b = cluster.head_node.node_id, node_b.node_id
-    address = cluster.address
+    return cluster, node_b, cluster.head_node.node_id, node_b.node_id
+
+
+def grpo(work: Path, cluster, node_b, a: str, b: str, results: dict) -> None:
+    import ray
+    from ray._private import ray_constants
+
+    t0 = time.perf_counter()
+    on = [f"ray.address={cluster.address}"]
+    # 1. reservations of GPU layouts (what --plan prints is compared by the test)
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    results["reserved"] = {name: reserved(build(GPU_HW + ov + on), a, b) for name, ov in GPU_LAYOUTS.items()}
+    results["too_few_nodes"] = run(TOY + on + ["hardware.nodes=4"], work / "four")
+    ray.shutdown()  # each run joins the cluster itself, as rlhf-run does
+    results["timing"]["reserve"] = time.perf_counter() - t0
+
+    # 2-3. the baseline on one slot, and disaggregated over both nodes
+    results["single"] = run(TOY + on, work / "single")
+    results["joined"] = ray.is_initialized()  # the run joined the cluster and left it up
+    before = snapshot()
+    results["disagg"] = run(TOY + on + ["hardware.nodes=2", "placement=disaggregated"], work / "disagg")
+    results["disagg"]["placed"] = placed(before, a, b)
+
+    # 4. node B lost in step 3 of a hybrid run with a data-parallel rank on each node
+    raylet = node_b.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    arm = work / "arm"
+    arm.write_text("1")
+    killer = work / "killer.py"
+    killer.write_text(KILLER.format(at=LOSE_AT, arm=str(arm), pid=raylet))
+    lost_args = TOY + on + ["hardware.nodes=2", f"reward.functions=[{{fn: '{killer}:reward'}}]"]
+    before = snapshot()
+    head_raylet = cluster.head_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    results["lost"] = run(lost_args, work / "lost")
+    results["lost"]["placed"] = placed(before, a, b)
+    results["lost"]["leftovers"] = leftovers(before)
+    ckpts = work / "lost" / "checkpoints"  # before resume= rotates them
+    results["lost"]["checkpoints"] = {d.name: sorted(f.name for f in d.iterdir()) for d in sorted(ckpts.iterdir())}
+    deadline = time.monotonic() + 20  # killed actors' processes take a moment to exit
+    while worker_pids(head_raylet) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    results["lost"]["head_workers"] = worker_pids(head_raylet)
+    results["lost"]["nodes"] = {node_index(n["NodeID"], a, b): n["Alive"] for n in ray.nodes()}
+    cluster.remove_node(node_b, allow_graceful=False)  # the rest of its processes
+
+    # 5. the cluster of the original shape again, and resume=
+    cluster.add_node(**NODE)
+    results["resumed"] = run([], work / "lost", resume=True)
+
+
+def ppo(work: Path, cluster, node_b, a: str, b: str, results: dict) -> None:
+    on = [f"ray.address={cluster.address}"]
+    # two data-parallel ranks (actor and critic) on one node, then one on each node
+    results["ppo_one_node"] = run(TOY + PPO + on + ["hardware.devices_per_node=2"], work / "ppo_one_node")
+    before = snapshot()
+    results["ppo_two_nodes"] = run(TOY + PPO + on + ["hardware.nodes=2"], work / "ppo_two_nodes")
+    results["ppo_two_nodes"]["placed"] = placed(before, a, b)
+
+
+def main(work: Path, part: str) -> None:
+    import ray
+
+    results: dict = {"timing": {}}
+    t0 = time.perf_counter()
+    cluster, node_b, a, b = start_cluster()
     results["timing"]["cluster"] = time.perf_counter() - t0
     try:
-        on = [f"ray.address={address}"]
-        # 1. reservations of GPU layouts (what --plan prints is compared by the test)
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-        results["reserved"] = {name: reserved(build(GPU_HW + ov + on), a, b) for name, ov in GPU_LAYOUTS.items()}
-        results["too_few_nodes"] = run(TOY + on + ["hardware.nodes=4"], work / "four")
-        ray.shutdown()  # each run joins the cluster itself, as rlhf-run does
-        results["timing"]["reserve"] = time.perf_counter() - t0
-
-        # 2-3. the baseline on one slot, and disaggregated over both nodes
-        results["single"] = run(TOY + on, work / "single")
-        results["joined"] = ray.is_initialized()  # the run joined the cluster and left it up
-        before = snapshot()
-        results["disagg"] = run(TOY + on + ["hardware.nodes=2", "placement=disaggregated"], work / "disagg")
-        results["disagg"]["placed"] = placed(before, a, b)
-
-        # 4. node B lost in step 3 of a hybrid run with a data-parallel rank on each node
-        raylet = node_b.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-        arm = work / "arm"
-        arm.write_text("1")
-        killer = work / "killer.py"
-        killer.write_text(KILLER.format(at=LOSE_AT, arm=str(arm), pid=raylet))
-        lost_args = TOY + on + ["hardware.nodes=2", f"reward.functions=[{{fn: '{killer}:reward'}}]"]
-        before = snapshot()
-        head_raylet = cluster.head_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-        results["lost"] = run(lost_args, work / "lost")
-        results["lost"]["placed"] = placed(before, a, b)
-        results["lost"]["leftovers"] = leftovers(before)
-        ckpts = work / "lost" / "checkpoints"  # before resume= rotates them
-        results["lost"]["checkpoints"] = {d.name: sorted(f.name for f in d.iterdir()) for d in sorted(ckpts.iterdir())}
-        deadline = time.monotonic() + 20  # killed actors' processes take a moment to exit
-        while worker_pids(head_raylet) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        results["lost"]["head_workers"] = worker_pids(head_raylet)
-        results["lost"]["nodes"] = {node_index(n["NodeID"], a, b): n["Alive"] for n in ray.nodes()}
-        cluster.remove_node(node_b, allow_graceful=False)  # the rest of its processes
-
-        # 5. the cluster of the original shape again, and resume=
-        cluster.add_node(**NODE)
-        results["resumed"] = run([], work / "lost", resume=True)
-        results["timing"]["runs"] = time.perf_counter() - t0
+        {"grpo": grpo, "ppo": ppo}[part](work, cluster, node_b, a, b, results)
+        results["timing"]["all"] = time.perf_counter() - t0
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -217,4 +242,4 @@ def main(work: Path) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # pytest's timeout: clean up the nodes
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "grpo")

@@ -7,6 +7,8 @@ driver) and node B, and does every run; the tests read what it recorded:
   layouts with TP-2 engines, reserved on fake GPUs), and no TP group spans the two nodes;
 * a hardware with more nodes than the cluster has: one line with both counts, exit 2;
 * GRPO disaggregated over the two nodes (actor on A, rollout on B) equals the single-node run;
+* (slow) PPO hybrid: two data-parallel ranks of the actor and the critic on one node equal one
+  rank on each node;
 * node B lost (raylet SIGKILLed) in step 3 of a hybrid run with a data-parallel rank on each
   node: one line naming node 1 and the ranks it held, exit 1, step 2's checkpoint intact,
   nothing of the run left on node A; ``resume=`` on the cluster with a new node B finishes the
@@ -30,16 +32,20 @@ KEYS = ["reward/mean", "reward/std", "response/length_mean", "actor/pg_loss", "a
         "actor/grad_norm", "actor/clip_frac", "advantages/abs_mean"]
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
-    work = tmp_path_factory.mktemp("multinode")
+def _scenario(tmp_path_factory, part: str) -> dict:
+    work = tmp_path_factory.mktemp(f"multinode_{part}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("RLHF_CACHE", str(tmp_path_factory.mktemp("rlhf_cache")))
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(SCENARIO), str(work)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(SCENARIO), str(work), part], env=env, capture_output=True, text=True,
                           timeout=500, cwd=str(SCENARIO.parents[2]))
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads((work / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    return _scenario(tmp_path_factory, "grpo")
 
 
 def _spans(text: str) -> tuple[int, ...]:
@@ -65,10 +71,10 @@ def plan_nodes(text: str) -> dict[int, dict[str, tuple[int, ...]]]:
     return out
 
 
-def _same_metrics(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
+def _same_metrics(a: list[dict], b: list[dict], keys: list[str] = KEYS) -> None:
+    assert len(a) == len(b) == 4
     for x, y in zip(a, b):
-        for k in KEYS:
+        for k in keys:
             assert math.isclose(x[k], y[k], rel_tol=1e-3, abs_tol=1e-5), (x["step"], k, x[k], y[k])
 
 
@@ -149,3 +155,12 @@ def test_resume_on_the_original_shape_reproduces_the_uninterrupted_run(scenario)
     assert [row["step"] for row in r["rows"]] == [0, 1, 2, 3]
     _same_metrics(scenario["single"]["rows"], r["rows"])
     assert (Path(r["dir"]) / "checkpoints" / "step_00000004" / "COMPLETE").is_file()
+
+
+@pytest.mark.slow  # a second simulated cluster and two more runs: ~35 s on 2 cores
+def test_ppo_critic_and_actor_ranks_across_nodes_equal_one_node(tmp_path_factory):
+    r = _scenario(tmp_path_factory, "ppo")
+    one, two = r["ppo_one_node"], r["ppo_two_nodes"]
+    assert one["code"] == 0 and two["code"] == 0, (one["err"][-3000:], two["err"][-3000:])
+    assert two["placed"] == [["Host", "A"], ["Host", "B"]]
+    _same_metrics(one["rows"], two["rows"], KEYS + ["critic/value_loss", "critic/explained_variance"])
