@@ -224,7 +224,8 @@ def _main_thread() -> bool:
 
 
 def _dead_worker(e: BaseException, cluster) -> str | None:
-    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role."""
+    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role
+    (and its node when there are several; a lost node is named with every rank it held)."""
     try:
         from ray.exceptions import RayActorError
     except ImportError:  # pragma: no cover
@@ -244,9 +245,6 @@ def _dead_worker(e: BaseException, cluster) -> str | None:
         who = f"the process holding the {', '.join(roles[:-1])} and {roles[-1]} workers (rank {rank})"
     else:
         who = f"the {roles[0]} worker (rank {rank})" if roles else "a worker process"
-    lost = _lost_node(cluster, actor_id, roles[0], rank) if roles else None
-    if lost is not None:
-        who = lost
     ckpt = ""
     if cluster is not None:
         try:
@@ -257,26 +255,35 @@ def _dead_worker(e: BaseException, cluster) -> str | None:
                 else " No checkpoint was written yet."
         except Exception:  # noqa: BLE001
             pass
-    if lost is not None:  # Ray's cause would only say "its node has died"
-        return f"{lost} was lost during the run. Cluster shut down.{ckpt}"
+    k = _worker_node(cluster, roles[0], rank) if roles else None
+    if k is not None:
+        lost = _lost_node(cluster, k, actor_id)
+        if lost is not None:  # Ray's cause would only say "its node has died"
+            return f"{lost} was lost during the run. Cluster shut down.{ckpt}"
+        who += f" on node {k}"
     return f"{who} died during the run ({cause}). Cluster shut down.{ckpt}"
 
 
-def _lost_node(cluster, actor_id: str, role: str, rank: int, wait_s: float = 30.0) -> str | None:
-    """On several nodes: "node K (Ray node ..., holding <its ranks>)" when the dead worker's node
-    is gone, None when the worker alone died.
+def _worker_node(cluster, role: str, rank: int) -> int | None:
+    """The plan node of a role's rank, when the run has several nodes."""
+    if cluster is None or not cluster.nodes:
+        return None
+    from rlhf.spec.nodes import node_of, rank_devices
+
+    return node_of(cluster.spec, rank_devices(cluster.spec)[role][rank])
+
+
+def _lost_node(cluster, k: int, actor_id: str, wait_s: float = 30.0) -> str | None:
+    """The subject of the error line, node K (Ray node ..., holding <its ranks>), when plan node
+    ``k``, where the dead worker ran, is gone; None when the worker alone died.
 
     The GCS marks a node dead before the actors on it, and a worker that crashed on a live node
     is marked dead by its raylet: once the actor table says DEAD, the node table says whether
     the node went with it. The wait covers an actor whose death is not recorded yet.
     """
-    if cluster is None or not cluster.nodes:
-        return None
-    from rlhf.spec.nodes import node_of, node_ranks, rank_devices
+    from rlhf.spec.nodes import node_ranks
 
-    spec = cluster.spec
-    k = node_of(spec, rank_devices(spec)[role][rank])
-    node_id = cluster.nodes[k]
+    spec, node_id = cluster.spec, cluster.nodes[k]
     try:
         import ray
         from ray._private import state

@@ -1,6 +1,6 @@
 """Two Ray nodes on this machine and the runs of tests/multinode/test_multinode.py on them.
 
-Run as its own process (``python tests/multinode/scenario.py <work dir> [grpo|ppo]``): the driver of these
+Run as its own process (``python tests/multinode/scenario.py <work dir> [grpo|more]``): the driver of these
 runs must join the simulated cluster, while the pytest worker may already be a driver of the
 suite's local Ray. Writes ``<work dir>/results.json``; the tests read it.
 
@@ -19,8 +19,9 @@ dead within about a second.
 5. ``resumed``: node B back (a new raylet: the cluster of the original shape), ``resume=`` of
    the lost run's dir, to the end.
 
-``ppo`` (a separate, slow test): PPO hybrid with two data-parallel ranks of the actor and the
-critic on one node × 2 slots, then on 2 nodes × 1 slot.
+``more`` (separate, slow tests): a worker process on node B killed while the node lives; PPO
+hybrid with two data-parallel ranks of the actor and the critic on one node × 2 slots, then on
+2 nodes × 1 slot.
 """
 
 from __future__ import annotations
@@ -65,6 +66,27 @@ def reward(prompts, responses, **meta):
     if CALLS[0] == {at} and os.path.exists({arm!r}):  # step {at}, after generation, before the update
         os.unlink({arm!r})
         os.kill({pid}, signal.SIGKILL)
+    return keymap_reward(prompts, responses, **meta)
+'''
+
+
+CRASHER = '''
+import os, signal, time
+
+import psutil
+
+from rlhf.rewards.builtin import keymap_reward
+
+CALLS = [0]
+
+
+def reward(prompts, responses, **meta):
+    CALLS[0] += 1
+    if CALLS[0] == 2:  # step 2: the worker process on node B dies, its node stays
+        for p in psutil.Process({raylet}).children(recursive=True):
+            if " ".join(p.cmdline()).startswith("ray::Host"):
+                open({stamp!r}, "w").write(str(time.time()))
+                p.kill()
     return keymap_reward(prompts, responses, **meta)
 '''
 
@@ -214,8 +236,18 @@ def grpo(work: Path, cluster, node_b, a: str, b: str, results: dict) -> None:
     results["resumed"] = run([], work / "lost", resume=True)
 
 
-def ppo(work: Path, cluster, node_b, a: str, b: str, results: dict) -> None:
+def more(work: Path, cluster, node_b, a: str, b: str, results: dict) -> None:
+    from ray._private import ray_constants
+
     on = [f"ray.address={cluster.address}"]
+    # a worker process on node B killed, the node alive: the worker named, no wait for the node
+    raylet = node_b.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    crasher, stamp = work / "crasher.py", work / "killed_at"
+    crasher.write_text(CRASHER.format(raylet=raylet, stamp=str(stamp)))
+    results["crash"] = run(TOY + on + ["hardware.nodes=2", f"reward.functions=[{{fn: '{crasher}:reward'}}]"],
+                           work / "crash")
+    results["crash"]["after_kill_s"] = time.time() - float(stamp.read_text())
+
     # two data-parallel ranks (actor and critic) on one node, then one on each node
     results["ppo_one_node"] = run(TOY + PPO + on + ["hardware.devices_per_node=2"], work / "ppo_one_node")
     before = snapshot()
@@ -231,7 +263,7 @@ def main(work: Path, part: str) -> None:
     cluster, node_b, a, b = start_cluster()
     results["timing"]["cluster"] = time.perf_counter() - t0
     try:
-        {"grpo": grpo, "ppo": ppo}[part](work, cluster, node_b, a, b, results)
+        {"grpo": grpo, "more": more}[part](work, cluster, node_b, a, b, results)
         results["timing"]["all"] = time.perf_counter() - t0
     finally:
         if ray.is_initialized():

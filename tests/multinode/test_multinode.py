@@ -8,7 +8,7 @@ driver) and node B, and does every run; the tests read what it recorded:
 * a hardware with more nodes than the cluster has: one line with both counts, exit 2;
 * GRPO disaggregated over the two nodes (actor on A, rollout on B) equals the single-node run;
 * (slow) PPO hybrid: two data-parallel ranks of the actor and the critic on one node equal one
-  rank on each node;
+  rank on each node; a worker process killed on a live node is named with its node, at once;
 * node B lost (raylet SIGKILLed) in step 3 of a hybrid run with a data-parallel rank on each
   node: one line naming node 1 and the ranks it held, exit 1, step 2's checkpoint intact,
   nothing of the run left on node A; ``resume=`` on the cluster with a new node B finishes the
@@ -157,10 +157,37 @@ def test_resume_on_the_original_shape_reproduces_the_uninterrupted_run(scenario)
     assert (Path(r["dir"]) / "checkpoints" / "step_00000004" / "COMPLETE").is_file()
 
 
-@pytest.mark.slow  # a second simulated cluster and two more runs: ~35 s on 2 cores
-def test_ppo_critic_and_actor_ranks_across_nodes_equal_one_node(tmp_path_factory):
-    r = _scenario(tmp_path_factory, "ppo")
-    one, two = r["ppo_one_node"], r["ppo_two_nodes"]
+def test_a_tp_group_across_nodes_is_refused():
+    from tests.multinode.scenario import GPU_HW, build
+
+    from rlhf.spec.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"rollout engine 0 would take devices 3-4, on nodes 0 and 1 .* "
+                                        r"tensor parallelism does not cross nodes"):
+        build(GPU_HW + ["placement=disaggregated", "placement.actor=2", "placement.reference=1",
+                        "placement.rollout.engines=2", "placement.rollout.tensor_parallel=2"])
+
+
+@pytest.fixture(scope="module")
+def more(tmp_path_factory):
+    return _scenario(tmp_path_factory, "more")
+
+
+@pytest.mark.slow  # a second simulated cluster and three more runs: ~40 s on 2 cores
+def test_a_worker_dying_on_a_live_node_is_named_with_its_node(more):
+    r = more["crash"]
+    assert r["code"] == 1, r["err"][-3000:]
+    lines = [ln for ln in r["err"].splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in r["err"], r["err"][-3000:]
+    assert lines[0].startswith("error: the process holding the actor and rollout workers (rank 1) on node 1 died "
+                               "during the run ("), lines[0]
+    assert "Last checkpoint:" in lines[0] and "step 1)" in lines[0]
+    assert r["after_kill_s"] < 25  # no wait for a node death that does not come (that wait is 30 s)
+
+
+@pytest.mark.slow  # a second simulated cluster and three more runs: ~40 s on 2 cores
+def test_ppo_critic_and_actor_ranks_across_nodes_equal_one_node(more):
+    one, two = more["ppo_one_node"], more["ppo_two_nodes"]
     assert one["code"] == 0 and two["code"] == 0, (one["err"][-3000:], two["err"][-3000:])
     assert two["placed"] == [["Host", "A"], ["Host", "B"]]
     _same_metrics(one["rows"], two["rows"], KEYS + ["critic/value_loss", "critic/explained_variance"])
