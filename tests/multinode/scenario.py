@@ -273,5 +273,15 @@ def main(work: Path, part: str) -> None:
 
 
 if __name__ == "__main__":
+    import shutil
+    import tempfile
+
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # pytest's timeout: clean up the nodes
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "grpo")
+    # A private Ray temp dir: the head node records its address in <temp>/ray/ray_current_cluster,
+    # where any plain ray.init() on this machine (the suite's other worker, other users) would
+    # otherwise find this cluster and join it. Short: Ray's socket paths live under it.
+    tmp = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlhf-mn-", dir="/tmp")
+    try:
+        main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "grpo")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
