@@ -63,7 +63,8 @@ CELLS: dict[str, tuple[str, list[str]]] = {
     "15b-dpo": ("qwen2.5-1.5b", ["algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
 }
 
-FIGURE = re.compile(r"^\s+(training phase|generation phase|actor|rollout):.*= ([0-9.]+) of ([0-9.]+)", re.M)
+FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host memory per node):.*= ([0-9.]+) of ([0-9.]+)",
+                    re.M)
 MEMORY_KEYS = ("memory/train_peak_reserved_gib", "memory/train_resident_gib", "memory/vllm_freed_gib",
                "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
 

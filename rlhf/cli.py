@@ -6,8 +6,11 @@
     rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config    # rerun a run's saved config
     rlhf-run resume=outputs/2026-11-29/12-00-00            # continue it from its newest checkpoint
 
-A single run is composed with Hydra's compose API, so every config error becomes one readable
-line and exit code 2 before anything starts (HYDRA_FULL_ERROR=1 shows the traceback instead).
+    rlhf-run --cfg job algo=ppo                            # Hydra's flags: --cfg, --info, -sc, ...
+
+rlhf-run is a Hydra app (rlhf/hydra_app.py). The config is first composed with Hydra's compose
+API, so every config error becomes one readable line and exit code 2 before anything starts
+(HYDRA_FULL_ERROR=1 shows the traceback instead); then ``hydra.main`` runs the job in its run dir.
 The composed config is typed by the schemas in Hydra's ConfigStore; ``rlhf.spec.build`` turns it
 into the frozen RunSpec once, here in the driver.
 """
@@ -87,11 +90,12 @@ def register_configs() -> None:
 HELP = """\
 rlhf-run — RLHF training from composable config groups.
 
-usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NAME]
+usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NAME] [HYDRA FLAGS]
 
   --plan         print what differs from the defaults, the batch math, the placement map and the
                  memory per GPU, then exit (no Ray, no GPU; about a second)
   -m, --multirun sweep comma-separated values, one job each: rlhf-run -m algo.lr=1e-6,5e-7
+                 (or search with Hydra's Optuna sweeper: rlhf-run -m recipe=grpo_tiny_optuna)
   -cp DIR -cn NAME
                  take the primary config from DIR/NAME.yaml; a run dir reruns its saved config:
                  rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
@@ -125,7 +129,9 @@ def render_help() -> str:
         if g == "recipe":
             ordered = ["(none)"] + ordered
         lines.append(f"  {g:<10} {', '.join(ordered) if ordered else '(none)'}")
-    return HELP.format(groups="\n".join(lines))
+    from rlhf.hydra_app import HYDRA_HELP
+
+    return HELP.format(groups="\n".join(lines)) + "\n" + HYDRA_HELP
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -138,6 +144,12 @@ class Args:
     multirun: bool = False
     config_dir: Optional[str] = None
     config_name: str = "config"
+    hydra_flags: list[str] = field(default_factory=list)  # Hydra's own (--cfg, --info, -sc, ...), passed on
+
+    @property
+    def hydra_only(self) -> bool:
+        """Hydra prints something and exits (--cfg, --info, --shell-completion, --hydra-help, --version)."""
+        return any(f in ("--cfg", "--info", "--shell-completion", "--hydra-help", "--version") for f in self.hydra_flags)
 
 
 FLAGS_WITH_VALUE = {
@@ -148,26 +160,46 @@ FLAGS_WITH_VALUE = {
 
 def parse_args(argv: Sequence[str]) -> Args:
     """Flags and overrides from the command line (raises SpecError for an unknown flag)."""
+    from rlhf.hydra_app import CFG_KINDS, HYDRA_BARE_FLAGS, HYDRA_VALUE_FLAGS, INFO_FLAGS, INFO_TOPICS
     from rlhf.spec.errors import SpecError
 
     args = Args()
-    it = iter(argv)
-    for a in it:
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
         if a == "--plan":
             args.plan = True
         elif a in ("-m", "--multirun"):
             args.multirun = True
-        elif a in FLAGS_WITH_VALUE:
-            value = next(it, None)
+        elif a in FLAGS_WITH_VALUE or a in HYDRA_VALUE_FLAGS:
+            value = argv[i] if i < len(argv) else None
+            i += 1
             if value is None:
-                raise SpecError([f"{a} needs a value, e.g. {a} {'outputs/<run dir>' if 'p' in a or 'd' in a else 'config'}."])
-            setattr(args, FLAGS_WITH_VALUE[a], value)
+                example = "job" if a in ("-c", "--cfg") else "algo" if a in ("-p", "--package") else (
+                    "outputs/<run dir>" if "p" in a or "d" in a else "config")
+                raise SpecError([f"{a} needs a value, e.g. {a} {example}."])
+            if a in ("-c", "--cfg") and value not in CFG_KINDS:
+                raise SpecError([f"{a} {value}: choose one of {', '.join(CFG_KINDS)} (job: the config a run uses)."])
+            if a in FLAGS_WITH_VALUE:
+                setattr(args, FLAGS_WITH_VALUE[a], value)
+            else:
+                args.hydra_flags += [HYDRA_VALUE_FLAGS[a], value]
         elif a.split("=", 1)[0] in FLAGS_WITH_VALUE and "=" in a:
             k, v = a.split("=", 1)
             setattr(args, FLAGS_WITH_VALUE[k], v)
+        elif a in HYDRA_BARE_FLAGS:
+            args.hydra_flags.append(HYDRA_BARE_FLAGS[a])
+        elif a in INFO_FLAGS:
+            args.hydra_flags.append("--info")
+            if i < len(argv) and argv[i] in INFO_TOPICS:
+                args.hydra_flags.append(argv[i])
+                i += 1
         elif a.startswith("-") and not a.startswith("~"):
             raise SpecError([
-                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --help; "
+                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --help; Hydra's "
+                "--cfg job|hydra|all, --info, --shell-completion (rlhf-run --help); "
                 "everything else is GROUP=OPTION or KEY=VALUE."
             ])
         else:
@@ -282,6 +314,11 @@ def hydra_message(e: Exception, overrides: Sequence[str], config_dir: str, confi
     if "Could not find '" in first:  # an unknown option of a group (checked earlier for our groups)
         missing = first.split("Could not find '", 1)[1].split("'", 1)[0]
         group, _, option = missing.rpartition("/")
+        if group.startswith("hydra/"):  # a sweeper or launcher plugin: its own package
+            from rlhf.hydra_app import group_choices
+
+            return (f"{group} {option!r} not found. Choose one of: {', '.join(group_choices(group)) or '(none)'} "
+                    f"(a plugin of another name: pip install hydra-{option.split('_')[0]}-{group.split('/')[-1]}).")
         if group:
             return f"{group} {option!r} not found. Choose one of: {', '.join(group_options(group)) or '(none)'}."
         return first
@@ -515,8 +552,28 @@ def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False):
     return build(cfg, overrides=tuple(overrides), changes=(f"resume={folder}", *overrides))
 
 
-def execute(spec: Any) -> int:
-    """Plan or run a built spec; the return value is the process exit code.
+def check_before_run(spec: Any) -> int:
+    """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
+    having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
+    from rlhf.spec.errors import UserError
+
+    try:
+        if spec.hardware.accelerator == "cuda":
+            from rlhf.preflight import check_fits
+
+            check_fits(spec)
+        from rlhf.preflight import check_output_dir
+
+        check_output_dir(spec.output_dir)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_CONFIG)
+    return 0
+
+
+def execute(spec: Any, checked: bool = False) -> int:
+    """Plan or run a built spec; the return value is the process exit code. ``checked``:
+    ``check_before_run`` has passed already.
 
     The sweep (rlhf/sweep.py) calls this for every job too.
     """
@@ -527,24 +584,19 @@ def execute(spec: Any) -> int:
         return 0
     from rlhf.spec.errors import UserError
 
+    if not checked:
+        code = check_before_run(spec)
+        if code:
+            return code
     if spec.hardware.accelerator == "cuda":
-        from rlhf.preflight import check_fits
         from rlhf.spec.memory import estimate
         from rlhf.spec.plan import warnings
 
-        try:
-            check_fits(spec)  # a plan that does not fit stops before the run dir is made
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
     from rlhf.run import run
 
     try:
-        from rlhf.preflight import check_output_dir
-
-        check_output_dir(spec.output_dir)
         return int(run(spec) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -552,6 +604,7 @@ def execute(spec: Any) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``rlhf-run``: the exit code (0 ok, 2 a config or input error, 1 a failed run or sweep job)."""
     from rlhf.spec.errors import SpecError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -560,22 +613,86 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         args = parse_args(argv)
+        if args.hydra_only:
+            return hydra_only(args)
         if args.multirun:
             from rlhf.sweep import multirun_main
 
             return multirun_main(args)
         resume = _resume_dir(args.overrides)
         if resume is not None:
-            spec = resume_spec(resume, [o for o in args.overrides if o.split("=", 1)[0] != "resume"], args.plan)
-        else:
-            cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
+            overrides = [o for o in args.overrides if o.split("=", 1)[0] != "resume"]
+            spec = resume_spec(resume, overrides, args.plan)
+            if spec.mode == "plan":
+                return execute(spec)
+            folder = str(Path(resume).expanduser().resolve())
+            return run_in_hydra(spec, [*overrides, f"output_dir={folder}", f"resume={folder}"], config_dir=folder)
+        cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+        if not args.plan and _chdir(cfg) and not cfg.get("output_dir"):
+            # the job runs inside its run dir (hydra.job.chdir): its path must not depend on the cwd
+            from omegaconf import open_dict
+
+            with open_dict(cfg):
+                cfg.output_dir = os.path.abspath(run_dir_for(cfg, claim=True))
+        spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG
-    return execute(spec)
+    if spec.mode == "plan":
+        return execute(spec)
+    return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+
+
+def _chdir(cfg: Any) -> bool:
+    from omegaconf import OmegaConf
+
+    return bool(OmegaConf.select(cfg, "hydra.job.chdir", default=False))
+
+
+def hydra_only(args: Args) -> int:
+    """--cfg, --info, --shell-completion, --hydra-help, --version: Hydra prints, nothing runs. The
+    config is composed first, so that a config error is still one line and exit code 2."""
+    from rlhf.hydra_app import hydra_overrides, run_app
+
+    composes = any(f in ("--cfg", "--info") for f in args.hydra_flags)
+    if composes and not args.multirun:
+        compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+    argv = [*args.hydra_flags, *(["--multirun"] if args.multirun else []),
+            *hydra_overrides(args.config_dir), *args.overrides]
+    return run_app(lambda cfg: None, argv, config_dir=args.config_dir, config_name=args.config_name)
+
+
+def run_in_hydra(spec: Any, overrides: Sequence[str], config_dir: Optional[str] = None,
+                 config_name: str = "config") -> int:
+    """Run a built spec as the job of the Hydra app: Hydra makes its run dir the spec's output_dir
+    (``.hydra/`` inside, ``hydra.job.chdir`` honoured), then the task executes the spec. The spec was
+    built from the same config before Hydra started, so a config error never starts a job."""
+    from rlhf.hydra_app import hydra_overrides, run_app
+
+    code = check_before_run(spec)  # before Hydra makes the run dir
+    if code:
+        return code
+    codes: list[int] = []
+    raised: list[BaseException] = []
+
+    def task(cfg: Any) -> None:
+        try:
+            codes.append(execute(spec, checked=True))
+        except BaseException as e:  # noqa: BLE001 - raised again outside Hydra, which would print it as its own
+            raised.append(e)
+
+    argv = [*hydra_overrides(config_dir), *overrides, f"hydra.run.dir={_quote(str(spec.output_dir))}"]
+    code = run_app(task, argv, config_dir=config_dir, config_name=config_name)
+    if raised:
+        raise raised[0]
+    return codes[0] if codes else (code or 1)
+
+
+def _quote(value: str) -> str:
+    """An override value that Hydra's grammar reads back verbatim (paths with spaces, =, ...)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def entrypoint() -> None:

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -185,3 +186,27 @@ def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
                 f"temp dir (/tmp/ray) and the caches are other places it writes. {intact(run_dir)} Free space, then "
                 f"continue with rlhf-run resume={run_dir}.")
     return message(kind, "the run's files", where, run_dir, reason_of(e), free=free_bytes(where))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
+    """Yield a temporary sibling dir to fill, then rename it to ``final``.
+
+    Yields None when ``final`` already exists. If another process renames first, ours is dropped.
+    """
+    final = Path(final)
+    if final.exists():
+        yield None
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,12 +1,18 @@
 """Sweeps: ``rlhf-run -m algo.lr=1e-6,5e-7 algo=grpo,rloo`` runs one job per combination.
 
-The sweep is a Hydra multirun (``hydra.main``, basic sweeper and launcher: the jobs run one after
-another in this process, each in its own directory ``multirun/<date>/<time>/<n>``). Each job builds
-its spec exactly like a single run and calls ``rlhf.cli.execute(spec)``.
+The sweep is a Hydra multirun of the ``rlhf-run`` app (rlhf/hydra_app.py): Hydra's sweeper picks
+the jobs and its launcher runs them, each in its own directory ``<hydra.sweep.dir>/<n>``. The
+default (basic sweeper and launcher) runs the grid of comma-separated values one job after another
+in this process. ``hydra/sweeper=optuna`` searches ``hydra.sweeper.params`` instead (recipe
+grpo_tiny_optuna): each job returns ``tracking.objective`` (its mean over the last fifth of the
+steps) to the sweeper, and the best trial is reported at the end. ``hydra/launcher=...`` sends the
+jobs elsewhere (submitit_slurm: a SLURM cluster). Each job builds its spec exactly like a single run
+and calls ``rlhf.cli.execute(spec)``.
 
-- Before any job starts, every job's config is composed once: a sweep whose definition is broken
-  (an unknown option or key, a wrong type in one of its values) stops with exit code 2 and every
-  broken job named, instead of failing halfway through.
+- Before any job starts, every job's config is composed once (a search: the config at each bound
+  and choice of every searched key): a sweep whose definition is broken (an unknown option or
+  key, a wrong type in one of its values) stops with exit code 2 and every broken job named,
+  instead of failing halfway through.
 - A job that fails later (its spec does not validate, or training raises) is recorded and the
   sweep goes on. The summary lists each job; the exit code is 0 only if every job succeeded.
   ``<sweep dir>/sweep_results.yaml`` keeps the same summary.
@@ -14,7 +20,8 @@ its spec exactly like a single run and calls ``rlhf.cli.execute(spec)``.
 
 Hooks: ``SweepHooks`` is called at the start and end of the sweep and of each job. ``default_hooks``:
 ``RaySweepHooks`` (one Ray cluster for every job, shut down after the last) and ``MlflowSweepHooks``
-(one MLflow parent run per sweep, a child run per job; a failed job's child run is FAILED).
+(one MLflow parent run per sweep, a child run per job; a failed job's child run is FAILED; the
+parent holds each job's objective and, after a search, the best parameters).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class JobResult:
     exit_code: int
     error: Optional[str] = None
     output_dir: Optional[str] = None
+    objective: Optional[float] = None  # tracking.objective of a finished job
 
 
 class SweepHooks:
@@ -90,8 +98,8 @@ class RaySweepHooks(SweepHooks):
         from rlhf.launch.group import worker_env
 
         cpus = spec.ray.num_cpus or os.cpu_count() or 1
-        kwargs: dict = {"include_dashboard": False, "runtime_env": {"env_vars": worker_env(spec)},
-                        "log_to_driver": True}
+        kwargs: dict = {"address": "local", "include_dashboard": False,  # the sweep's own cluster
+                        "runtime_env": {"env_vars": worker_env(spec)}, "log_to_driver": True}
         if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout
             kwargs.update(num_cpus=max(cpus, 64), num_gpus=0)
         else:
@@ -157,6 +165,8 @@ class MlflowSweepHooks(SweepHooks):
         if self.parent_id is None:
             return
         self.client.log_metric(self.parent_id, "sweep/job_ok", 1.0 if result.status == "ok" else 0.0, step=job.index)
+        if result.objective is not None:
+            self.client.log_metric(self.parent_id, "sweep/objective", result.objective, step=job.index)
         if result.status == "ok" or self._child(job) is not None:
             return
         run = self.client.create_run(self.experiment_id, run_name=f"job {job.index}", tags={
@@ -175,6 +185,14 @@ class MlflowSweepHooks(SweepHooks):
         failed = sum(r.status != "ok" for r in results)
         self.client.set_tag(self.parent_id, "rlhf.sweep_failed", str(failed))
         self.client.log_metric(self.parent_id, "sweep/failed_jobs", float(failed))
+        best = best_trial(sweep_dir, results)
+        if best is not None:
+            params, value, index = best
+            for k, v in params.items():
+                self.client.log_param(self.parent_id, f"best.{k}", v)
+            self.client.log_metric(self.parent_id, "sweep/best_objective", value)
+            if index is not None:
+                self.client.set_tag(self.parent_id, "rlhf.best_job", str(index))
         self.client.set_terminated(self.parent_id, status="FINISHED")
 
 
@@ -186,19 +204,74 @@ def default_hooks() -> list[SweepHooks]:
 # ----------------------------------------------------------------------------- jobs
 
 
+def is_hydra_override(o: str) -> bool:
+    """``hydra.*`` keys and ``hydra/*`` groups: settings of the sweep itself, not of its jobs."""
+    key = o.lstrip("+~").split("=", 1)[0]
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
 def expand(overrides: Sequence[str]) -> list[Job]:
-    """The jobs of a sweep: the cartesian product of the comma-separated values, in Hydra's order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The jobs of a grid sweep: the cartesian product of the comma-separated values, in the order
+    of Hydra's basic sweeper (the first override varies slowest)."""
+    import itertools
 
     from rlhf.cli import parse_overrides
 
-    parsed = parse_overrides(overrides)
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [Job(i, list(job)) for i, job in enumerate(batches[0] if batches else [[]])]
+    choices = []
+    for ov in parse_overrides([o for o in overrides if not is_hydra_override(o)]):
+        key = ov.get_key_element()
+        if ov.is_sweep_override():
+            choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
+        else:
+            choices.append([f"{key}={ov.get_value_element_as_str()}"])
+    return [Job(i, list(combo)) for i, combo in enumerate(itertools.product(*choices))]
 
 
-def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str) -> list[Any]:
-    """Compose every job's config; raise SpecError naming each job that does not compose."""
+def sweeper_of(overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> tuple[str, Any]:
+    """(the sweeper's class path, the composed base config) with the sweep's fixed overrides."""
+    from omegaconf import OmegaConf
+
+    from rlhf.cli import compose, parse_overrides
+
+    fixed = [ov.input_line for ov in parse_overrides(overrides) if not ov.is_sweep_override()]
+    cfg = compose(fixed, config_dir=config_dir, config_name=config_name)
+    return str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="")), cfg
+
+
+def search_jobs(overrides: Sequence[str], base: Any) -> list[Job]:
+    """The jobs that stand for a search (Optuna): the fixed overrides, with each searched key at
+    each end of its interval or range and at each of its choices (the other keys at their first)."""
+    from omegaconf import OmegaConf
+
+    from rlhf.cli import parse_overrides
+
+    node = OmegaConf.select(base, "hydra.sweeper.params", default=None)
+    params = OmegaConf.to_container(node) if node is not None else {}
+    lines = [f"{k}={v}" for k, v in params.items()] + [o for o in overrides if not is_hydra_override(o)]
+    fixed, searched = [], {}
+    for ov in parse_overrides(lines):
+        key = ov.get_key_element()
+        if not ov.is_sweep_override():
+            fixed.append(f"{key}={ov.get_value_element_as_str()}")
+            continue
+        sweep = ov.value()
+        if hasattr(sweep, "start") and hasattr(sweep, "end") and not hasattr(sweep, "step"):  # interval
+            values = [sweep.start, sweep.end]
+        elif hasattr(sweep, "list"):  # choice
+            values = list(sweep.list)
+        else:  # range
+            values = list(ov.sweep_iterator())
+            values = values[:1] + values[-1:]
+        searched[key] = [f"{key}={v}" for v in values]
+    firsts = [v[0] for v in searched.values()]
+    combos = [firsts] + [[*firsts[:i], alt, *firsts[i + 1:]] for i, vs in enumerate(searched.values()) for alt in vs[1:]]
+    return [Job(i, [*fixed, *combo]) for i, combo in enumerate(combos)]
+
+
+def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str,
+              settings: Sequence[str] = ()) -> list[Any]:
+    """Compose every job's config (with the sweep's ``hydra`` settings); raise SpecError naming
+    each job that does not compose."""
     from rlhf.cli import check_group_choices, compose
 
     problems, configs = [], []
@@ -206,7 +279,7 @@ def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str) 
         try:
             if config_dir is None:
                 check_group_choices(job.overrides)
-            configs.append(compose(job.overrides, config_dir=config_dir, config_name=config_name))
+            configs.append(compose([*job.overrides, *settings], config_dir=config_dir, config_name=config_name))
         except SpecError as e:
             for p in e.problems:
                 problems.append(f"job #{job.index} ({' '.join(job.overrides)}): {p}")
@@ -214,6 +287,47 @@ def preflight(jobs: Sequence[Job], config_dir: Optional[str], config_name: str) 
         problems.append(f"the sweep did not start: fix the jobs above ({len(jobs)} jobs in all).")
         raise SpecError(problems)
     return configs
+
+
+def objective(output_dir: str, metric: str) -> Optional[float]:
+    """``metric``'s mean over the last fifth (at least one) of the rows of metrics.jsonl that have it."""
+    import json
+    import math
+
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    values = []
+    for line in path.read_text().splitlines():
+        try:
+            v = json.loads(line).get(metric)
+        except ValueError:  # a line cut short by a crash
+            continue
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            values.append(float(v))
+    if not values:
+        return None
+    tail = values[-max(1, len(values) // 5):]
+    return sum(tail) / len(tail)
+
+
+def best_trial(sweep_dir: Optional[str], results: Sequence[JobResult]) -> Optional[tuple[dict, float, Optional[int]]]:
+    """(parameters, objective, job index) of a search's best trial, from the sweeper's
+    optimization_results.yaml; None for a grid sweep."""
+    if not sweep_dir or not (Path(sweep_dir) / "optimization_results.yaml").is_file():
+        return None
+    import yaml
+
+    found = yaml.safe_load((Path(sweep_dir) / "optimization_results.yaml").read_text()) or {}
+    if "best_params" not in found:
+        return None
+    params = {str(k): v for k, v in found["best_params"].items()}
+    value = float(found["best_value"])
+    index = next((r.index for r in results if r.objective == value
+                  and all(f"{k}={v}" in r.overrides for k, v in params.items())), None)
+    if index is None:
+        index = next((r.index for r in results if r.objective == value), None)
+    return params, value, index
 
 
 # ----------------------------------------------------------------------------- one job
@@ -238,7 +352,7 @@ class _Sweep:
 
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
-        job = self.jobs.get(tuple(overrides)) or Job(int(hc.job.num), overrides)
+        job = self.jobs.get(tuple(o for o in overrides if not is_hydra_override(o))) or Job(int(hc.job.num), overrides)
         out = str(hc.runtime.output_dir)
         if self.sweep_dir is None:
             self.sweep_dir = str(Path(out).parent)
@@ -257,6 +371,8 @@ class _Sweep:
             result.status = "ok" if result.exit_code == 0 else "failed"
             if result.exit_code:
                 result.error = f"exit code {result.exit_code}"
+            elif spec.mode == "run":
+                result.objective = objective(out, spec.tracking.objective)
         except SpecError as e:
             result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
             print(e.render(), file=sys.stderr)
@@ -268,30 +384,17 @@ class _Sweep:
         self.results.append(result)
         for h in self.hooks:
             h.job_end(job, result)
-        return result.exit_code
+        # the sweeper's value of this job (Optuna's objective; None: a failed trial)
+        return result.objective if result.status == "ok" else None
 
 
 def _run_hydra_multirun(sweep: _Sweep, overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> None:
-    import hydra
-    from hydra.core.global_hydra import GlobalHydra
+    from rlhf.hydra_app import hydra_overrides, run_app
 
-    from rlhf.cli import register_configs
-    from rlhf.paths import conf_dir
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    path = str(Path(config_dir).resolve()) if config_dir else str(conf_dir())
-    task = hydra.main(config_path=path, config_name=config_name, version_base="1.3")(sweep.run_job)
-    saved = sys.argv
-    sys.argv = [saved[0] if saved else "rlhf-run", "--multirun", "hydra.job.name=rlhf", *overrides]
-    try:
-        task()
-    except SystemExit as e:  # hydra.main exits on its own errors (it has printed them)
-        if e.code not in (0, None):
-            raise SpecError([f"the sweep stopped: Hydra exited with code {e.code} (see above)."]) from None
-    finally:
-        sys.argv = saved
-        GlobalHydra.instance().clear()
+    code = run_app(sweep.run_job, ["--multirun", *hydra_overrides(config_dir), *overrides],
+                   config_dir=config_dir, config_name=config_name)
+    if code not in (0, None):  # Hydra stopped on its own error (it has printed it)
+        raise SpecError([f"the sweep stopped: Hydra exited with code {code} (see above)."])
 
 
 def summarize(results: Sequence[JobResult], sweep_dir: Optional[str]) -> str:
@@ -299,9 +402,16 @@ def summarize(results: Sequence[JobResult], sweep_dir: Optional[str]) -> str:
     lines = [f"sweep: {len(results)} jobs, {ok} ok, {len(results) - ok} failed" + (f" ({sweep_dir})" if sweep_dir else "")]
     for r in results:
         line = f"  #{r.index} {r.status:<6} {' '.join(r.overrides) or '(defaults)'}"
+        if r.objective is not None:
+            line += f"  objective {r.objective:.4g}"
         if r.error:
             line += f"  — {r.error}"
         lines.append(line)
+    best = best_trial(sweep_dir, results)
+    if best is not None:
+        params, value, index = best
+        lines.append(f"best: {' '.join(f'{k}={v}' for k, v in params.items())}  objective {value:.4g}"
+                     + (f" (job #{index})" if index is not None else ""))
     return "\n".join(lines)
 
 
@@ -310,10 +420,15 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
     from rlhf import cli
 
     hooks = default_hooks() if hooks is None else list(hooks)
-    jobs = expand(args.overrides)
     if args.config_dir is None:
         cli.check_group_choices(args.overrides, allow_sweep=True)
-    configs = preflight(jobs, args.config_dir, args.config_name)
+    target, base = sweeper_of(args.overrides, args.config_dir, args.config_name)
+    settings = [o for o in args.overrides if is_hydra_override(o)]
+    if target.endswith("BasicSweeper"):
+        jobs = expand(args.overrides)
+    else:  # a search: its trials are picked as it goes; check the corners of its space instead
+        jobs = search_jobs(args.overrides, base)
+    configs = preflight(jobs, args.config_dir, args.config_name, settings)
 
     if args.plan:
         results = []

@@ -53,6 +53,7 @@ bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
 bench-e2e-trl|0|560|$PY -m bench.e2e_trl ${E2E_ARGS:-}
 matrix|0|580|$PY -m bench.matrix
+learn|0|580|bash scripts/learn_gpu.sh
 bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
 bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
 bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework

@@ -1,73 +1,59 @@
-"""Pure-torch RL algorithm core: advantages, KL, reward shaping, losses,
-preference losses and sample filters. No distributed/engine dependencies."""
+"""Pure-torch RL algorithm core: advantages, KL, reward shaping, losses, the RL objective,
+preference losses and sample filters. No distributed/engine dependencies.
 
-from rlhf.algos.advantages import (
-    ESTIMATORS,
-    broadcast_to_tokens,
-    compute_advantages,
-    discounted_returns,
-    dr_grpo_advantages,
-    gae,
-    grpo_advantages,
-    masked_mean,
-    masked_sum_rows,
-    masked_var,
-    masked_whiten,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-)
-from rlhf.algos.filters import dynamic_sampling_filter
-from rlhf.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
-from rlhf.algos.logprobs import logprobs_from_hidden
-from rlhf.algos.losses import (
-    AGG_MODES,
-    aggregate,
-    aggregation_denominator,
-    entropy_from_logits,
-    micro_batch_loss,
-    policy_loss,
-    token_logprobs,
-    value_loss,
-)
-from rlhf.algos.preference import DPO_LOSS_TYPES, bradley_terry_loss, dpo_loss, sft_loss
-from rlhf.algos.shaping import last_policy_token_index, normalize_scores, overlong_penalty, token_level_rewards
+Importing the package imports no torch: ``rlhf.algos.registry`` (the names of the algorithm parts
+and their metadata) is read by the torch-free spec. The names below load their module on first
+use (``from rlhf.algos import compute_advantages``).
+"""
 
-__all__ = [
-    "ESTIMATORS",
-    "broadcast_to_tokens",
-    "compute_advantages",
-    "discounted_returns",
-    "dr_grpo_advantages",
-    "gae",
-    "grpo_advantages",
-    "masked_mean",
-    "masked_sum_rows",
-    "masked_var",
-    "masked_whiten",
-    "reinforce_pp_advantages",
-    "reinforce_pp_baseline_advantages",
-    "rloo_advantages",
-    "dynamic_sampling_filter",
-    "KL_ESTIMATORS",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "kl_penalty",
-    "logprobs_from_hidden",
-    "AGG_MODES",
-    "aggregate",
-    "aggregation_denominator",
-    "entropy_from_logits",
-    "micro_batch_loss",
-    "policy_loss",
-    "token_logprobs",
-    "value_loss",
-    "DPO_LOSS_TYPES",
-    "bradley_terry_loss",
-    "dpo_loss",
-    "sft_loss",
-    "last_policy_token_index",
-    "normalize_scores",
-    "overlong_penalty",
-    "token_level_rewards",
-]
+_EXPORTS = {
+    "advantages": (
+        "AdvantageInputs",
+        "ESTIMATORS",
+        "broadcast_to_tokens",
+        "compute_advantages",
+        "discounted_returns",
+        "dr_grpo_advantages",
+        "gae",
+        "grpo_advantages",
+        "masked_mean",
+        "masked_sum_rows",
+        "masked_var",
+        "masked_whiten",
+        "reinforce_pp_advantages",
+        "reinforce_pp_baseline_advantages",
+        "rloo_advantages",
+    ),
+    "filters": ("dynamic_sampling_filter",),
+    "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty"),
+    "logprobs": ("logprobs_from_hidden",),
+    "losses": (
+        "AGG_MODES",
+        "PolicyLossInputs",
+        "aggregate",
+        "aggregation_denominator",
+        "entropy_from_logits",
+        "micro_batch_loss",
+        "policy_loss",
+        "token_logprobs",
+        "value_loss",
+    ),
+    "preference": ("DPO_LOSS_TYPES", "bradley_terry_loss", "dpo_loss", "sft_loss"),
+    "shaping": ("last_policy_token_index", "normalize_scores", "overlong_penalty", "token_level_rewards"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rlhf.algos import advantages, filters, kl, logprobs, losses, preference, shaping
+
+    modules = {"advantages": advantages, "filters": filters, "kl": kl, "logprobs": logprobs, "losses": losses,
+               "preference": preference, "shaping": shaping}
+    value = getattr(modules[home], name)
+    globals()[name] = value
+    return value

@@ -17,10 +17,12 @@ masked positions and have dtype at least float32 (float64 inputs stay float64).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple, Union, Sequence
 
 import torch
 
+from rlhf.algos.registry import ADVANTAGE_ESTIMATORS, register_advantage_estimator
 from rlhf.algos.shaping import last_policy_token_index
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "broadcast_to_tokens",
     "masked_sum_rows",
+    "AdvantageInputs",
     "ESTIMATORS",
     "compute_advantages",
 ]
@@ -328,10 +331,99 @@ def broadcast_to_tokens(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 
 
 # --------------------------------------------------------------------------------------
-# dispatcher
+# the registered estimators (rlhf.algos.registry) and the dispatcher
 # --------------------------------------------------------------------------------------
 
-ESTIMATORS: Tuple[str, ...] = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What every advantage estimator receives (the same for all of them).
+
+    * ``mask [B, T]``: policy tokens;
+    * ``scores [B]``: outcome reward per sequence (may be None for the token-level estimators
+      when ``token_rewards`` already contains it);
+    * ``token_rewards [B, T]``: per-token rewards *in addition to* the score, e.g.
+      ``-kl_coef * kl`` (KL in reward). Do not include the score in both;
+    * ``values [B, T]``: the critic's values (estimators with ``needs_critic``);
+    * ``group_size``, ``gamma``, ``lam``, ``normalize_std``: the ``algo`` settings of that name.
+    """
+
+    mask: torch.Tensor
+    scores: Optional[torch.Tensor] = None
+    token_rewards: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    group_size: int = 1
+    gamma: float = 1.0
+    lam: float = 1.0
+    normalize_std: bool = True
+
+
+def _token_rewards_with_scores(x: AdvantageInputs, name: str) -> torch.Tensor:
+    """``r = token_rewards + score at the last policy token``."""
+    if x.scores is None and x.token_rewards is None:
+        raise ValueError(f"{name} needs scores and/or token_rewards")
+    dt = _wdtype(x.scores, x.token_rewards, x.values)
+    r = torch.zeros(x.mask.shape, dtype=dt, device=x.mask.device) if x.token_rewards is None else x.token_rewards.to(dt)
+    if x.scores is not None:
+        r = _add_scores_at_last_token(r, x.scores, x.mask)
+    return r
+
+
+def _folded_scores(x: AdvantageInputs, name: str) -> torch.Tensor:
+    """Outcome estimators: ``s'_b = s_b + sum_t token_rewards[b, t] * mask[b, t]``."""
+    if x.scores is None:
+        raise ValueError(f"{name} needs scores")
+    dt = _wdtype(x.scores, x.token_rewards)
+    s = x.scores.to(dt)
+    if x.token_rewards is not None:
+        s = s + masked_sum_rows(x.token_rewards.to(dt), x.mask)
+    return s
+
+
+@register_advantage_estimator("gae")
+def gae_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`gae` on ``token_rewards + score at the last policy token`` with the critic's values;
+    returns = advantages + values."""
+    r = _token_rewards_with_scores(x, "gae")
+    if x.values is None:
+        raise ValueError("gae needs values")
+    return gae(r, x.values, x.mask, x.gamma, x.lam)
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`reinforce_pp_advantages` on ``token_rewards + score at the last policy token``."""
+    return reinforce_pp_advantages(_token_rewards_with_scores(x, "reinforce_pp"), x.mask, x.gamma), None
+
+
+@register_advantage_estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`reinforce_pp_baseline_advantages`."""
+    if x.scores is None:
+        raise ValueError("reinforce_pp_baseline needs scores")
+    return reinforce_pp_baseline_advantages(x.scores, x.token_rewards, x.mask, x.group_size, x.gamma), None
+
+
+@register_advantage_estimator("grpo")
+def grpo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`grpo_advantages` (``normalize_std``) on the folded scores, on every policy token."""
+    seq = grpo_advantages(_folded_scores(x, "grpo"), x.group_size, normalize_std=x.normalize_std)
+    return broadcast_to_tokens(seq, x.mask), None
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`dr_grpo_advantages` on the folded scores, on every policy token."""
+    return broadcast_to_tokens(dr_grpo_advantages(_folded_scores(x, "dr_grpo"), x.group_size), x.mask), None
+
+
+@register_advantage_estimator("rloo")
+def rloo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`rloo_advantages` on the folded scores, on every policy token."""
+    return broadcast_to_tokens(rloo_advantages(_folded_scores(x, "rloo"), x.group_size), x.mask), None
+
+
+ESTIMATORS: Tuple[str, ...] = ADVANTAGE_ESTIMATORS.builtin_names()
 
 
 @torch.no_grad()
@@ -347,16 +439,11 @@ def compute_advantages(
     lam: float = 1.0,
     normalize_std: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Dispatch to one advantage estimator; returns ``(advantages [B, T], returns [B, T] or None)``.
+    """Run the estimator registered as ``estimator`` (``rlhf.algos.registry``); returns
+    ``(advantages [B, T], returns [B, T] or None)``. The inputs are those of
+    :class:`AdvantageInputs`.
 
-    Input convention (the same for every estimator):
-
-    * ``scores [B]``: outcome reward per sequence (may be None for the token-level
-      estimators when ``token_rewards`` already contains it);
-    * ``token_rewards [B, T]``: per-token rewards *in addition to* the score, e.g.
-      ``-kl_coef * kl`` (KL in reward). Do not include the score in both.
-
-    Estimators (see each function for the formula):
+    Built-in estimators (see each function for the formula):
 
     * ``"gae"``: ``r = token_rewards + score at the last policy token``; :func:`gae`
       with ``values``, ``gamma``, ``lam``; returns = advantages + values.
@@ -367,42 +454,13 @@ def compute_advantages(
       then :func:`grpo_advantages` (``normalize_std``) / :func:`dr_grpo_advantages` /
       :func:`rloo_advantages` on ``s'`` and :func:`broadcast_to_tokens`.
 
-    ``returns`` is only produced by ``"gae"`` (None otherwise).
+    ``returns`` is only produced by ``"gae"`` among the built-ins (None otherwise).
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+    fn = ADVANTAGE_ESTIMATORS.get(estimator)  # RegistryError (a ValueError) for an unknown name
     if token_rewards is not None and token_rewards.shape != mask.shape:
         raise ValueError("token_rewards must have the same shape as mask")
-
-    if estimator in ("gae", "reinforce_pp"):
-        if scores is None and token_rewards is None:
-            raise ValueError(f"{estimator} needs scores and/or token_rewards")
-        dt = _wdtype(scores, token_rewards, values)
-        r = torch.zeros(mask.shape, dtype=dt, device=mask.device) if token_rewards is None else token_rewards.to(dt)
-        if scores is not None:
-            r = _add_scores_at_last_token(r, scores, mask)
-        if estimator == "gae":
-            if values is None:
-                raise ValueError("gae needs values")
-            return gae(r, values, mask, gamma, lam)
-        return reinforce_pp_advantages(r, mask, gamma), None
-
-    if scores is None:
-        raise ValueError(f"{estimator} needs scores")
-    if estimator == "reinforce_pp_baseline":
-        return reinforce_pp_baseline_advantages(scores, token_rewards, mask, group_size, gamma), None
-
-    dt = _wdtype(scores, token_rewards)
-    s = scores.to(dt)
-    if token_rewards is not None:
-        s = s + masked_sum_rows(token_rewards.to(dt), mask)
-    if estimator == "grpo":
-        seq = grpo_advantages(s, group_size, normalize_std=normalize_std)
-    elif estimator == "dr_grpo":
-        seq = dr_grpo_advantages(s, group_size)
-    else:
-        seq = rloo_advantages(s, group_size)
-    return broadcast_to_tokens(seq, mask), None
+    return fn(AdvantageInputs(mask=mask, scores=scores, token_rewards=token_rewards, values=values,
+                              group_size=group_size, gamma=gamma, lam=lam, normalize_std=normalize_std))
 
 
 def masked_sum_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,29 @@ from typing import Any, Dict, Optional
 
 import torch
 
-__all__ = ["KL_ESTIMATORS", "kl_penalty", "FixedKLController", "AdaptiveKLController"]
+from rlhf.algos.registry import KL_ESTIMATORS, register_kl_estimator
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+__all__ = ["kl_penalty", "FixedKLController", "AdaptiveKLController"]
+
+
+@register_kl_estimator("k1")
+def k1(log_ratio: torch.Tensor, clamp: Optional[float]) -> torch.Tensor:
+    """``x``: unbiased, high variance, can be negative."""
+    return log_ratio
+
+
+@register_kl_estimator("k2")
+def k2(log_ratio: torch.Tensor, clamp: Optional[float]) -> torch.Tensor:
+    """``0.5 * x^2``: biased, low variance, >= 0."""
+    return 0.5 * log_ratio * log_ratio
+
+
+@register_kl_estimator("k3")
+def k3(log_ratio: torch.Tensor, clamp: Optional[float]) -> torch.Tensor:
+    """``exp(-x) - 1 + x``: unbiased, low variance, >= 0; ``x`` clamped to ``[-clamp, clamp]`` first
+    so that the value and its gradient stay finite."""
+    xc = log_ratio.clamp(-clamp, clamp) if clamp is not None else log_ratio
+    return torch.exp(-xc) - 1.0 + xc
 
 
 def kl_penalty(
@@ -21,7 +41,8 @@ def kl_penalty(
     """Per-token estimate of ``KL(pi || pi_ref)`` from samples of ``pi``.
 
     From J. Schulman, "Approximating KL Divergence" (2020). With
-    ``x = log_ratio = logp - ref_logp`` (i.e. ``r = pi_ref / pi = exp(-x)``)::
+    ``x = log_ratio = logp - ref_logp`` (i.e. ``r = pi_ref / pi = exp(-x)``), ``estimator`` names
+    a KL estimator of ``rlhf.algos.registry``; the built-ins::
 
         k1 = x                       (unbiased, high variance, can be negative)
         k2 = 0.5 * x^2               (biased, low variance, >= 0)
@@ -33,18 +54,11 @@ def kl_penalty(
     ``mask == 0`` (values there are ignored even if non-finite). Shape of the
     inputs (e.g. ``[B, T]``) is kept. Differentiable w.r.t. ``logp``.
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    fn = KL_ESTIMATORS.get(estimator)  # RegistryError (a ValueError) for an unknown name
     x = logp - ref_logp
     if mask is not None:
         x = torch.where(mask != 0, x, torch.zeros_like(x))
-    if estimator == "k1":
-        kl = x
-    elif estimator == "k2":
-        kl = 0.5 * x * x
-    else:
-        xc = x.clamp(-clamp, clamp) if clamp is not None else x
-        kl = torch.exp(-xc) - 1.0 + xc
+    kl = fn(x, clamp)
     if clamp is not None:
         kl = kl.clamp(-clamp, clamp)
     if mask is not None:

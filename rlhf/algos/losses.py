@@ -35,16 +35,20 @@ size (:func:`micro_batch_loss`) to recover the gradient of the global loss.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
 from rlhf.algos.advantages import masked_mean
+from rlhf.algos.registry import LOSS_AGGREGATIONS, register_policy_loss
 
 __all__ = [
     "token_logprobs",
     "entropy_from_logits",
     "policy_loss",
+    "PolicyLossInputs",
+    "clipped_policy_loss",
     "value_loss",
     "AGG_MODES",
     "aggregation_denominator",
@@ -245,6 +249,32 @@ def policy_loss(
     return loss, stats
 
 
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What every policy loss receives (``rlhf.algos.registry``): token tensors ``[B, T]`` of one
+    micro-batch (``logp`` with gradient; ``old_logp`` the anchor of the ratio; ``rollout_logp``
+    the engine's, None unless ``algo.tis_cap`` is set) and the ``algo`` settings of that name."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    rollout_logp: Optional[torch.Tensor] = None
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: Optional[float] = None
+    ratio_level: str = "token"
+    tis_cap: Optional[float] = None
+
+
+@register_policy_loss("clip")
+def clipped_policy_loss(x: PolicyLossInputs) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The clipped surrogate, :func:`policy_loss` with the ``algo`` settings."""
+    return policy_loss(x.logp, x.old_logp, x.advantages, x.mask, clip_low=x.clip_low, clip_high=x.clip_high,
+                       dual_clip=x.dual_clip, ratio_level=x.ratio_level, rollout_logp=x.rollout_logp,
+                       tis_cap=x.tis_cap)
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -275,7 +305,7 @@ def value_loss(
 # aggregation
 # --------------------------------------------------------------------------------------
 
-AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+AGG_MODES = LOSS_AGGREGATIONS
 
 MaskOrMasks = Union[torch.Tensor, Sequence[torch.Tensor]]
 

@@ -15,7 +15,7 @@ model's logits for response token t are at position ``P - 1 + t`` (see ``respons
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -70,3 +70,15 @@ def concat(batches: Sequence[Batch]) -> Batch:
 
 def size(batch: Batch) -> int:
     return batch["input_ids"].shape[0]
+
+
+def shards(batch: Batch, world: int) -> list[Batch]:
+    """Contiguous row shards, one per rank; the last takes the remainder."""
+    n = size(batch)
+    per = n // world
+    return [select(batch, slice(r * per, (r + 1) * per if r < world - 1 else n)) for r in range(world)]
+
+
+def dp_forward(group: Any, method: str, batch: Batch) -> torch.Tensor:
+    """Split rows over an actor group's ranks, run ``method`` on each shard, concatenate."""
+    return torch.cat(group.scatter(method, shards(batch, group.world_size)))

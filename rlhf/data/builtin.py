@@ -87,7 +87,7 @@ def data_file(name: str) -> Path:
     folder = cache_dir() / "data" / f"keymap-v{VERSION}"
     path = folder / f"{split}.jsonl"
     if not path.exists():
-        from rlhf.models.builtin import atomic_dir
+        from rlhf.storage import atomic_dir
 
         with atomic_dir(folder) as tmp:
             if tmp is not None:

@@ -140,7 +140,7 @@ def make(kind: str, out: str | Path, *, n_train: int = 512, n_eval: int = 128, s
 
 def builtin_file(name: str) -> Path:
     """``keymap-<kind>/<split>`` → its jsonl under the cache dir (made on first use, atomically)."""
-    from rlhf.models.builtin import atomic_dir
+    from rlhf.storage import atomic_dir
     from rlhf.spec.errors import UserError
 
     task_name, _, split = name.partition("/")

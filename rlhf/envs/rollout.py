@@ -9,13 +9,13 @@ log-probs), until the environment says done or ``env.max_turns`` model turns hav
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rlhf.workers.rollout import Sample
+from rlhf.rollout.engine import Sample
+from rlhf.rollout.generate import generate, sampling_for
 
 
 @dataclass
@@ -24,31 +24,10 @@ class EnvSample(Sample):
     turns: int = 0
 
 
-def _generate(cluster: Any, contexts: list[list[int]], sampling) -> list[Sample]:
-    """One sample per context (``sampling.n`` = 1), split over the engines, order kept."""
-    import ray
-
-    workers = cluster.rollout.workers
-    n = len(contexts)
-    per = math.ceil(n / len(workers))
-    refs, starts = [], []
-    for e, w in enumerate(workers):
-        lo, hi = e * per, min(n, (e + 1) * per)
-        if lo >= hi:
-            continue
-        refs.append(w.generate.remote(contexts[lo:hi], dataclasses.replace(sampling, seeds=sampling.seeds[lo:hi])))
-        starts.append(lo)
-    out: list[Sample] = []
-    for part in ray.get(refs):
-        out.extend(part)
-    return out
-
-
 def env_rollout(spec: Any, step: int, rows: list[dict], prompt_ids: list[list[int]], tokenizer, cluster: Any,
                 first_turn: list[Sample]) -> tuple[list[EnvSample], torch.Tensor, dict, dict]:
     """(trajectories, episode rewards, reward parts, env metrics) of one step's prompts."""
     from rlhf.envs import load_env
-    from rlhf.loops.rl import sampling_for
 
     cls = load_env(spec.env.fn)
     N = len(first_turn)
@@ -88,7 +67,8 @@ def env_rollout(spec: Any, step: int, rows: list[dict], prompt_ids: list[list[in
         base = sampling_for(spec, step, 0, 1)
         seeds = tuple(base.seeds[0] * 31 + (turn + 1) * 1_000_033 + i for i in active)
         sampling = dataclasses.replace(base, n=1, seeds=seeds)
-        outs = _generate(cluster, [prompt_ids[first_turn[i].prompt_index] + ids[i] for i in active], sampling)
+        outs = generate(cluster.rollout.workers, [prompt_ids[first_turn[i].prompt_index] + ids[i] for i in active],
+                        sampling)
     samples = [EnvSample(response_ids=ids[i], logprobs=logp[i], finish_reason=finish[i],
                          prompt_index=first_turn[i].prompt_index, loss_mask=mask[i], turns=len(rewards[i]))
                for i in range(N)]

@@ -107,7 +107,9 @@ def init_ray(spec: Any) -> bool:
     total = spec.layout.total_devices
     cpus = spec.ray.num_cpus or os.cpu_count() or 1
     # logging_level: Ray's own INFO lines ("Started a local Ray instance") repeat what the run prints
-    kwargs: dict = {"include_dashboard": False, "runtime_env": env, "log_to_driver": True,
+    # address="local": a cluster of this run's own, also when another Ray cluster runs on this
+    # machine (without it ray.init joins that one); ray.address=auto joins on purpose
+    kwargs: dict = {"address": "local", "include_dashboard": False, "runtime_env": env, "log_to_driver": True,
                     "logging_level": logging.WARNING}
     if spec.device == "cpu":
         kwargs["num_cpus"] = max(cpus, total)

@@ -20,19 +20,20 @@ run skips those k batches (its samples are otherwise the same).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
 from typing import Any, Optional
 
-from rlhf.workers.rollout import Sample
+from rlhf.rollout.engine import Sample
+from rlhf.rollout.generate import Launched, launch, sampling_for
+from rlhf.rollout.prompts import tokenize_prompts
 
 
 class _Pending:
-    def __init__(self, step: int, launched_after: int, rows, prompt_ids, refs, starts):
+    def __init__(self, step: int, launched_after: int, rows, prompt_ids, launched: Launched):
         self.step, self.launched_after = step, launched_after
-        self.rows, self.prompt_ids, self.refs, self.starts = rows, prompt_ids, refs, starts
+        self.rows, self.prompt_ids, self.launched = rows, prompt_ids, launched
         self.t_launch = time.perf_counter()
         self.t_done: Optional[float] = None
         self.t_update_end: Optional[float] = None  # the end of the first update it overlapped
@@ -45,7 +46,7 @@ class _Pending:
         import ray
 
         try:
-            self.result = ray.get(self.refs)
+            self.result = ray.get(self.launched.refs)
         except BaseException as e:  # noqa: BLE001 (re-raised in the loop's thread)
             self.error = e
         self.t_done = time.perf_counter()
@@ -61,8 +62,6 @@ class Prefetcher:
 
     def launch_ahead(self, step: int) -> None:
         """During step ``step``'s update (``step`` updates done before it): launch steps up to step+k."""
-        from rlhf.loops.rl import sampling_for, tokenize_prompts
-
         if self.next_step is None:
             self.next_step = step + 1
         while self.next_step <= min(step + self.k, self.spec.train.steps - 1):
@@ -70,15 +69,8 @@ class Prefetcher:
             P = self.spec.batch.prompts_per_step
             rows = self.data.next(P)
             prompt_ids = tokenize_prompts(self.spec, self.tokenizer, rows)
-            workers = self.cluster.rollout.workers
-            per = math.ceil(P / len(workers))
-            refs, starts = [], []
-            for e, w in enumerate(workers):
-                lo, hi = e * per, min(P, (e + 1) * per)
-                if lo < hi:
-                    refs.append(w.generate.remote(prompt_ids[lo:hi], sampling_for(self.spec, s, lo, hi - lo)))
-                    starts.append(lo)
-            self.queue.append(_Pending(s, step, rows, prompt_ids, refs, starts))
+            launched = launch(self.cluster.rollout.workers, prompt_ids, sampling_for(self.spec, s, 0, P))
+            self.queue.append(_Pending(s, step, rows, prompt_ids, launched))
             self.next_step += 1
 
     def update_done(self) -> None:
@@ -97,11 +89,7 @@ class Prefetcher:
         p.thread.join()
         if p.error is not None:
             raise p.error
-        samples: list[Sample] = []
-        for lo, part in zip(p.starts, p.result):
-            for smp in part:
-                smp.prompt_index += lo
-                samples.append(smp)
+        samples: list[Sample] = p.launched.samples(p.result)
         gen = p.t_done - p.t_launch
         hidden_until = p.t_update_end if p.t_update_end is not None else p.t_launch
         self.last = {"async/staleness": float(step - p.launched_after), "async/generate_s": gen,

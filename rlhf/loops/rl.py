@@ -6,7 +6,7 @@ One step, top to bottom:
               → reward functions (+ reward model) score them; dynamic sampling may resample
               → reference log-probs (KL), old log-probs (off-policy steps / KL in reward),
                 critic values (PPO)
-              → advantages (rlhf.algos.compute_advantages, KL in reward, overlong penalty)
+              → advantages (rlhf.algos.objective: overlong penalty, KL in reward, estimator, whitening)
               → policy update (+ critic update), mini-batches × epochs, split over DP ranks
               → weight sync to the rollout engines → metrics → checkpoint hook
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -25,11 +24,14 @@ from typing import Any, Optional
 import torch
 
 from rlhf import algos
+from rlhf.algos import objective
 from rlhf.ckpt import training as ckpt_io
-from rlhf.data.batch import Batch, collate, concat, select, size
-from rlhf.data.prompts import PromptSource, render_prompt
+from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
+from rlhf.data.prompts import PromptSource
 from rlhf.rewards import Rewards
-from rlhf.workers.rollout import Sample, Sampling
+from rlhf.rollout.engine import Sample
+from rlhf.rollout.generate import generate, sampling_for
+from rlhf.rollout.prompts import score_samples, tokenize_prompts
 from rlhf.workers.sync import make_sync
 
 
@@ -105,6 +107,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
         sync.after_generate()
         sync.sync()  # the rollout engines get the restored policy
         console.print(f"resumed from {resumed.path} at step {start + 1}")
+    # the starting policy's evaluation, logged with the first step's metrics as eval_before/...
+    before = ({f"eval_before/{k[5:]}": v for k, v in evaluator.run().items()}
+              if evaluator is not None and spec.eval.before_training and start == 0 else {})
     _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
     from rlhf.track import MetricsFile
 
@@ -174,7 +179,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             m.update(ds_stats)
             m.update(phase_stats)
             if "old_logp" in batch and spec.rollout_engine == "vllm":
-                from rlhf.workers.rollout_vllm import logprob_mismatch
+                from rlhf.rollout.vllm import logprob_mismatch
 
                 m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
             if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
@@ -182,6 +187,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             if values is not None:
                 m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
             m["kl/coef"] = kl_ctl.value
+            m.update(before)
+            before = {}
             evaluated = evaluator is not None and evaluator.due(step, ckpt)
             if evaluated:
                 t_eval = time.perf_counter()
@@ -213,62 +220,6 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
 # ----------------------------------------------------------------------------- generation + reward
 
 
-def sampling_for(spec: Any, step: int, first_prompt: int, n_prompts: int) -> Sampling:
-    seeds = tuple(spec.train.seed * 1_000_000_007 + step * 100_003 + first_prompt + i for i in range(n_prompts))
-    r = spec.rollout
-    return Sampling(n=spec.algo.group_size, max_new_tokens=r.max_response_tokens, temperature=r.temperature,
-                    top_p=r.top_p, top_k=r.top_k, seeds=seeds)
-
-
-def generate(spec: Any, cluster: Any, prompt_ids: list[list[int]], step: int, offset: int = 0) -> list[Sample]:
-    """Split the prompts over the rollout engines (contiguous chunks), keep prompt-major order."""
-    import ray
-
-    workers = cluster.rollout.workers
-    n = len(prompt_ids)
-    per = math.ceil(n / len(workers))
-    refs, starts = [], []
-    for e, w in enumerate(workers):
-        lo, hi = e * per, min(n, (e + 1) * per)
-        if lo >= hi:
-            continue
-        refs.append(w.generate.remote(prompt_ids[lo:hi], sampling_for(spec, step, offset + lo, hi - lo)))
-        starts.append(lo)
-    out: list[Sample] = []
-    for lo, part in zip(starts, ray.get(refs)):
-        for s in part:
-            s.prompt_index += lo
-            out.append(s)
-    return out
-
-
-def tokenize_prompts(spec: Any, tokenizer, rows: list[dict]) -> list[list[int]]:
-    out = []
-    for row in rows:
-        text = render_prompt(row, spec.data, tokenizer)
-        templated = spec.data.chat_template or isinstance(row[spec.data.prompt_key], list)
-        ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
-        out.append(ids[-spec.rollout.max_prompt_tokens:])  # keep the end of an over-long prompt
-    return out
-
-
-def score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids) -> tuple[torch.Tensor, dict]:
-    prompts = [tokenizer.decode(prompt_ids[s.prompt_index], skip_special_tokens=True) for s in samples]
-    responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-    keys = [k for k in rows[0] if k != spec.data.prompt_key]
-    metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in keys}
-    metadata["finish_reasons"] = [s.finish_reason for s in samples]
-    total, parts = rewards.score(prompts, responses, metadata) if rewards.functions else ([0.0] * len(samples), {})
-    scores = torch.tensor(total, dtype=torch.float32)
-    if cluster.reward_model is not None:
-        batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
-                        tokenizer.pad_token_id, spec.rollout.max_response_tokens)
-        rm = dp_forward(cluster.reward_model, "scores", batch)
-        parts["model"] = rm.tolist()
-        scores = scores + spec.reward.model_weight * rm
-    return scores, parts
-
-
 def sample_step(spec, step, data, tokenizer, cluster, rewards, ph, prefetch=None):
     """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups.
 
@@ -290,7 +241,7 @@ def sample_step(spec, step, data, tokenizer, cluster, rewards, ph, prefetch=None
             prompt_ids = tokenize_prompts(spec, tokenizer, rows)
         with ph("generate"):
             if ahead is None:
-                samples = generate(spec, cluster, prompt_ids, step, offset=r * P)
+                samples = generate(cluster.rollout.workers, prompt_ids, sampling_for(spec, step, r * P, len(prompt_ids)))
             if spec.env.fn is not None:  # multi-turn (rlhf.envs): the environment answers and scores
                 from rlhf.envs.rollout import env_rollout
 
@@ -342,17 +293,6 @@ def _pad_logprobs(samples: list[Sample], width: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- data parallel calls
-
-
-def shards(batch: Batch, world: int) -> list[Batch]:
-    n = size(batch)
-    per = n // world
-    return [select(batch, slice(r * per, (r + 1) * per if r < world - 1 else n)) for r in range(world)]
-
-
-def dp_forward(group: Any, method: str, batch: Batch) -> torch.Tensor:
-    """Split rows over the group's ranks, run ``method`` on each shard, concatenate."""
-    return torch.cat(group.scatter(method, shards(batch, group.world_size)))
 
 
 def update_plan(spec: Any, batch: Batch, step: int) -> list[tuple[torch.Tensor, float]]:
@@ -419,41 +359,18 @@ def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 
 
 def add_advantages(spec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
-    """Shape the scores, compute advantages (and returns for PPO) into ``batch``; KL metrics."""
-    algo = spec.algo
+    """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
     mask = batch["response_mask"]
-    out: dict[str, float] = {}
-    scores = scores.clone()
-    if algo.overlong_buffer:
-        lengths = mask.sum(-1)
-        pen = algos.overlong_penalty(lengths, spec.rollout.max_response_tokens, algo.overlong_buffer,
-                                     algo.overlong_penalty)
-        # a sample cut at the length limit counts as over it
-        truncated = torch.tensor([s.finish_reason == "length" for s in samples])
-        pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
-        scores = scores + pen
-        out["reward/overlong_penalty"] = float(pen.mean())
-    if algo.reward_normalize or algo.reward_clip is not None:
-        scores = algos.normalize_scores(scores, "batch" if algo.reward_normalize else "none", algo.reward_clip)
-    token_rewards = None
-    if "ref_logp" in batch:
-        policy_logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
-        kl = algos.kl_penalty(policy_logp, batch["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
-        out["kl/mean"] = float(algos.masked_mean(kl, mask))
-        if algo.kl.placement == "reward" and kl_ctl.value > 0:
-            token_rewards = -kl_ctl.value * kl
-    adv, ret = algos.compute_advantages(
-        algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
-        group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)
-    if algo.estimator == "gae":
-        # PPO practice: whiten GAE advantages over the batch (returns stay unwhitened for the critic)
-        adv = algos.masked_whiten(adv, mask)
-    batch["advantages"] = adv.float()
-    if ret is not None:
-        batch["returns"] = ret.float()
-    out["advantages/mean"] = float(algos.masked_mean(adv, mask))
-    out["advantages/abs_mean"] = float(algos.masked_mean(adv.abs(), mask))
-    return out
+    ref = "ref_logp" in batch
+    adv = objective.advantages(
+        spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
+        max_response_tokens=spec.rollout.max_response_tokens, values=values,
+        policy_logp=(batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]) if ref else None,
+        ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value)
+    batch["advantages"] = adv.advantages
+    if adv.returns is not None:
+        batch["returns"] = adv.returns
+    return adv.metrics
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

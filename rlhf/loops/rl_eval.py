@@ -26,7 +26,6 @@ per step as one without (``tests/rl/test_rl_eval.py``).
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -34,7 +33,9 @@ from typing import Any, Optional
 import torch
 
 from rlhf.data.prompts import read_rows
-from rlhf.workers.rollout import Sample, Sampling
+from rlhf.rollout.engine import Sample, Sampling
+from rlhf.rollout.generate import generate
+from rlhf.rollout.prompts import score_samples, tokenize_prompts
 
 
 def source_name(name: str) -> str:
@@ -66,8 +67,6 @@ class Evaluator:
         if spec.eval.max_prompts is not None:
             rows = rows[: spec.eval.max_prompts]
         self.rows = rows
-        from rlhf.loops.rl import tokenize_prompts
-
         self.prompt_ids = tokenize_prompts(spec, tokenizer, rows)
         best = spec.checkpoint.best_metric
         self.at_checkpoints = bool(best) and best.startswith("eval/")
@@ -83,29 +82,9 @@ class Evaluator:
         return self.at_checkpoints and ckpt is not None and ckpt.due(done, self.spec.train.steps)
 
     def _generate(self, sampling: Sampling) -> list[Sample]:
-        import ray
-
-        workers = self.cluster.rollout.workers
-        n = len(self.prompt_ids)
-        per = math.ceil(n / len(workers))
-        refs, starts = [], []
-        for e, w in enumerate(workers):
-            lo, hi = e * per, min(n, (e + 1) * per)
-            if lo < hi:
-                part = Sampling(n=sampling.n, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                top_p=sampling.top_p, top_k=sampling.top_k, seeds=sampling.seeds[lo:hi])
-                refs.append(w.generate.remote(self.prompt_ids[lo:hi], part))
-                starts.append(lo)
-        out: list[Sample] = []
-        for lo, part in zip(starts, ray.get(refs)):
-            for s in part:
-                s.prompt_index += lo
-                out.append(s)
-        return out
+        return generate(self.cluster.rollout.workers, self.prompt_ids, sampling)
 
     def _score(self, samples: list[Sample]) -> torch.Tensor:
-        from rlhf.loops.rl import score_samples
-
         scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards, self.cluster,
                                   self.prompt_ids)
         return scores

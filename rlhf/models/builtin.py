@@ -7,46 +7,18 @@ concurrent processes (Ray workers starting together, parallel tests) are safe.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
 
 from rlhf.paths import cache_dir
+from rlhf.storage import atomic_dir
 
 BUILTIN_MODELS = ("tiny",)
 INIT_SEED = 0
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
 )
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
-    """Yield a temporary sibling dir to fill, then rename it to ``final``.
-
-    Yields None when ``final`` already exists. If another process renames first, ours is dropped.
-    """
-    final = Path(final)
-    if final.exists():
-        yield None
-        return
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        yield tmp
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def build_tokenizer():

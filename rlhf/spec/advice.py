@@ -17,12 +17,15 @@ from typing import Any, Optional, Sequence
 
 from rlhf.spec.memory import (
     DTYPE_BYTES,
-    FIT_MARGIN,
     GB,
+    HOST,
     TRAINING_FIGURES,
     Estimate,
+    capacity,
     estimate,
+    fits,
     min_gpus,
+    over_limit,
     param_count,
 )
 
@@ -104,15 +107,16 @@ def _get_sections(sections: dict[str, Any], path: list[str]) -> Any:
     return obj
 
 
-def _cap(spec: Any) -> float:
-    return spec.hardware.device_memory_gb * FIT_MARGIN
-
-
 def all_fit(spec: Any, est: Optional[Estimate] = None) -> bool:
-    if spec.hardware.accelerator != "cuda":
-        return True
-    est = est or estimate(spec)
-    return all(t <= _cap(spec) for t in est.totals.values())
+    """Every GPU figure and the host figure fit (the plan's rule: rlhf.spec.memory.fits)."""
+    return fits(spec, est)
+
+
+def _figure(est: Estimate, name: str) -> float:
+    """Figure ``name``'s GB in ``est`` (0 when the figure is gone)."""
+    if name == HOST:
+        return est.total(HOST) if est.host else 0.0
+    return est.total(name) if name in est.figures else 0.0
 
 
 def _check(spec: Any, name: str, overrides: Sequence[str]) -> Optional[Suggestion]:
@@ -120,13 +124,12 @@ def _check(spec: Any, name: str, overrides: Sequence[str]) -> Optional[Suggestio
     new = apply(spec, overrides)
     if new is None:
         return None
-    est = estimate(new)
-    total = est.total(name) if name in est.figures else 0.0
-    before = estimate(spec).total(name)
-    fits = total <= _cap(new)
-    if not fits and total >= before - 0.05:
+    total = _figure(estimate(new), name)
+    before = _figure(estimate(spec), name)
+    ok = total <= capacity(new, name)
+    if not ok and total >= before - 0.05:
         return None
-    return Suggestion(tuple(overrides), new, total, fits)
+    return Suggestion(tuple(overrides), new, total, ok)
 
 
 def _hardware(spec: Any, nodes: int, per_node: int) -> list[str]:
@@ -138,7 +141,11 @@ def _hardware(spec: Any, nodes: int, per_node: int) -> list[str]:
         if same and (h.get("nodes", 1), h.get("devices_per_node", 1)) == (nodes, per_node):
             return [f"hardware={name}"]
     out = [f"hardware.nodes={nodes}"] if nodes != hw.nodes else []
-    return out + ([f"hardware.devices_per_node={per_node}"] if per_node != hw.devices_per_node else [])
+    if per_node != hw.devices_per_node:
+        out.append(f"hardware.devices_per_node={per_node}")
+        if hw.host_memory_gb > 0:  # a node with more GPUs has more host memory: the same per GPU
+            out.append(f"hardware.host_memory_gb={hw.host_memory_gb * per_node / hw.devices_per_node:g}")
+    return out
 
 
 def _more_devices(spec: Any, total: int) -> list[str]:
@@ -152,7 +159,17 @@ def _candidates(spec: Any, est: Estimate, name: str) -> list[list[str]]:
     train, m, pl, hw = spec.train, spec.model, spec.placement, spec.hardware
     decided = {d.key for d in spec.auto}
     out: list[list[str]] = []
-    if name in TRAINING_FIGURES:
+    if name == HOST:  # the offloaded optimizer or training states, the model loads, the processes
+        if train.offload_optimizer is True and "train.offload_optimizer" not in decided:
+            out.append(["train.offload_optimizer=auto"])  # auto offloads only what the host holds
+        if pl.offload_train_state is True and "placement.offload_train_state" not in decided:
+            out.append(["placement.offload_train_state=false"])
+        if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
+            out.append([f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"])
+        total = spec.layout.total_devices
+        for n in (2 * total, 4 * total, 8 * total):
+            out.append(_more_devices(spec, n) + ["#devices"])
+    elif name in TRAINING_FIGURES:
         pinned = [k for k in ("train.zero_stage", "train.offload_optimizer") if k not in decided]
         auto = apply(spec, [f"{k}=auto" for k in pinned]) if pinned else None
         if auto is not None:  # what auto would pick instead of the pinned values
@@ -236,7 +253,7 @@ def setting_that_fits(spec: Any, rounds: int = 6) -> Optional[tuple[str, ...]]:
     cur = spec
     for _ in range(rounds):
         est = estimate(cur)
-        failing = [n for n, t in est.totals.items() if t > _cap(cur)]
+        failing = list(over_limit(cur, est))
         if not failing:
             return tuple(f"{k}={v}" for k, v in applied.items())
         options = suggestions(cur, est, failing[0])

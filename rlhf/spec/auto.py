@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf.spec import schema as S
-from rlhf.spec.memory import FIT_MARGIN, TRAINING_FIGURES, Estimate, estimate
+from rlhf.spec.memory import FIT_MARGIN, HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 
 AUTO = "auto"
 
@@ -60,6 +60,10 @@ def resolve(spec: Any) -> tuple[Decision, ...]:
         train.max_tokens_per_micro_batch = spec.batch.micro_batch_size * seq
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch,
                             f"{spec.batch.micro_batch_size} samples × {seq} tokens"))
+    if spec.rollout.seeded is None:
+        spec.rollout.seeded = spec.rollout_engine == "hf"
+        out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
+                            "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
     out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)
@@ -84,14 +88,20 @@ def _zero_and_offload(spec: Any) -> list[Decision]:
     candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)]
     cap = _capacity(spec)
     need: dict[tuple[int, bool], tuple[str, float, Estimate]] = {}
-    chosen = candidates[-1]
+
+    def host_fits(est: Estimate) -> bool:
+        return not est.host or est.total(HOST) <= capacity(spec, HOST)
+
+    chosen = None
     for z, off in candidates:
         train.zero_stage, train.offload_optimizer = z, off
         est = estimate(spec)
         need[(z, off)] = (*worst_training_figure(est), est)
-        if not cuda or need[(z, off)][1] <= cap:
+        if not cuda or (need[(z, off)][1] <= cap and host_fits(est)):
             chosen = (z, off)
             break
+    if chosen is None:  # nothing fits: the most saving one the host can hold (the plan says what fails)
+        chosen = next((c for c in reversed(candidates) if host_fits(need[c][2])), candidates[-1])
     train.zero_stage, train.offload_optimizer = chosen
     z, off = chosen
     name, gb, est = need[chosen]
@@ -118,6 +128,10 @@ def _zero_and_offload(spec: Any) -> list[Decision]:
             opt = sum(v for k, v in west.figures[wname].items() if k.endswith("optimizer"))
             why = (f"Adam's state ({opt:.0f} GB per GPU) in host memory: on the GPU {_what(wname)} would need "
                    f"{wgb:.0f} GB of {cap:.0f} usable")
+        elif not off and (z, True) in need and not host_fits(need[(z, True)][2]):
+            hest = need[(z, True)][2]
+            why = (f"offloaded, Adam's state would make the host memory {hest.total(HOST):.0f} GB per node of "
+                   f"{capacity(spec, HOST):.0f} usable")
         out.append(Decision("train.offload_optimizer", AUTO, off, why))
     return out
 

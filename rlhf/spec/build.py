@@ -15,7 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf.spec import schema as S
 from rlhf.spec.auto import Decision, resolve
 from rlhf.spec.errors import SpecError
-from rlhf.spec.validate import validate
+from rlhf.spec.layout import Layout, disaggregated_counts, plan_layout  # noqa: F401  (also imported from here)
+from rlhf.spec.validate import estimator_info, validate
 
 ROLES = ("actor", "critic", "reference", "reward", "rollout")
 
@@ -32,23 +33,6 @@ class BatchPlan(S.Frozen):
     optimizer_steps_per_step: int  # per rollout batch, all epochs
     micro_batch_size: int  # samples per forward/backward on one rank
     grad_accum: int  # micro-batches per rank per optimizer step
-
-
-@dataclass
-class Layout(S.Frozen):
-    """Which global device indices each role occupies; rollout engines are TP groups."""
-
-    mode: str
-    total_devices: int
-    roles: dict[str, tuple[int, ...]]
-    engines: tuple[tuple[int, ...], ...]
-
-    @property
-    def rollout_tp(self) -> int:
-        return len(self.engines[0]) if self.engines else 1
-
-    def world_size(self, role: str) -> int:
-        return len(self.roles.get(role, ()))
 
 
 @dataclass
@@ -241,7 +225,8 @@ def _value_in(msg: str) -> str:
 def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[str, ...]:
     roles = ["actor"]
     if algo.kind == "rl":
-        if algo.estimator == "gae":
+        est = estimator_info(algo)
+        if est is not None and est.needs_critic:
             roles.append("critic")
         if algo.kl.coef > 0 and lora_rank == 0:  # with LoRA the actor, adapters off, is the reference
             roles.append("reference")
@@ -251,53 +236,6 @@ def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[s
     elif algo.kind == "dpo" and not algo.reference_free:
         roles.append("reference")
     return tuple(r for r in ROLES if r in roles)
-
-
-def plan_layout(sections: dict[str, Any], roles: tuple[str, ...]) -> Layout:
-    """Assign devices to roles. Assumes validation of counts already passed."""
-    hw: S.HardwareSpec = sections["hardware"]
-    pl: S.PlacementSpec = sections["placement"]
-    total = hw.nodes * hw.devices_per_node
-    tp = pl.rollout.tensor_parallel
-    if pl.mode == "hybrid":
-        role_devices = {r: tuple(range(total)) for r in roles}
-        rollout_devices = tuple(range(total)) if "rollout" in roles else ()
-        n_engines = pl.rollout.engines or max(total // tp, 1)
-    else:
-        counts = disaggregated_counts(pl, roles, total)
-        role_devices, start = {}, 0
-        for r in roles:
-            role_devices[r] = tuple(range(start, start + counts[r]))
-            start += counts[r]
-        rollout_devices = role_devices.get("rollout", ())
-        n_engines = pl.rollout.engines or max(len(rollout_devices) // tp, 1)
-    engines = tuple(tuple(rollout_devices[i * tp:(i + 1) * tp]) for i in range(n_engines)) if rollout_devices else ()
-    return Layout(mode=pl.mode, total_devices=total, roles=role_devices, engines=engines)
-
-
-def disaggregated_counts(pl: S.PlacementSpec, roles: tuple[str, ...], total: int) -> dict[str, int]:
-    """Device counts per role; 0 in the config means automatic.
-
-    Automatic: rollout engines get a quarter of the devices (at least one engine); the actor gets
-    the largest power of two that leaves one device for each other automatic role; those share
-    what is left.
-    """
-    counts = {r: (getattr(pl, r) if r != "rollout" else pl.rollout.engines * pl.rollout.tensor_parallel) for r in roles}
-    if "rollout" in roles and counts["rollout"] == 0:
-        tp = pl.rollout.tensor_parallel
-        counts["rollout"] = max(tp, (total // 4) // tp * tp)
-    auto = [r for r in roles if counts[r] == 0]
-    if not auto:
-        return counts
-    left = total - sum(counts.values())
-    others = [r for r in auto if r != "actor"]
-    if "actor" in auto:
-        room = max(left - len(others), 1)
-        counts["actor"] = 1 << (room.bit_length() - 1)
-        left -= counts["actor"]
-    for i, r in enumerate(others):
-        counts[r] = max(left // len(others) + (1 if i < left % len(others) else 0), 1)
-    return counts
 
 
 def plan_batch(algo: Any, train: S.TrainSpec, world: int) -> BatchPlan:

@@ -1,11 +1,14 @@
 """Per-device memory estimate of a run. Every formula here is written out in docs/memory.md.
 
 All figures are GB (1e9 bytes). Estimates, not measurements: they aim to catch plans that cannot
-fit and to show where the memory goes, not to predict the allocator to the megabyte.
+fit and to show where the memory goes, not to predict the allocator to the megabyte. The
+training figures are calibrated against peaks measured on an H200 (docs/memory.md, "measured vs
+planned").
 
 Hybrid placement has two phases on every GPU (training, generation); disaggregated placement has
 one figure per role, for the GPUs of that role. ``estimate`` returns both kinds as
-``{name: {part: GB}}`` so the plan and the tests read them the same way.
+``{name: {part: GB}}`` so the plan and the tests read them the same way, and the host memory of
+the busiest node as ``Estimate.host`` (GPU runs whose hardware states its host memory).
 """
 
 from __future__ import annotations
@@ -18,20 +21,62 @@ from rlhf.spec.schema import ModelSpec
 
 GB = 1e9
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# Runtime overhead per GPU process: CUDA context, NCCL buffers, allocator slack.
+# Runtime overhead per GPU process: CUDA context, NCCL buffers, cuBLAS workspace.
 CUDA_OVERHEAD_GB = 2.0
 # A sleeping vLLM engine (sleep level 1) keeps its CUDA context and CUDA-graph pool.
 VLLM_ASLEEP_GB = 1.0
 # Plans above this share of device memory are reported as not fitting.
 FIT_MARGIN = 0.95
-# Activation bytes per token per hidden unit of one transformer layer at 16 bits (Korthikanti et
-# al. 2022, with flash attention so no s² term).
-ACT_BYTES_PER_LAYER = 34
-# Log-probs and entropy are computed from the hidden states in chunks of at most this many logits, so
-# no [tokens, vocab] tensor is ever whole.
-LOGITS_CHUNK = 2**24
-# The figures that hold training state (hybrid's training phase, or a training role's GPUs).
+# Bytes a Qwen2/Llama decoder layer keeps per token for the backward pass at 16 bits, as
+# a·h + b·I + c·kv + d·heads (kv = h/H·K): two RMSNorms at 8h each (the fp32 upcast 4h, the
+# normalised bf16 2h, the scaled output 2h); attention 4h + 4·kv + 4·heads (q and the output 2h
+# each, k and v 2·kv each, FlashAttention's fp32 log-sum-exp per head); the SwiGLU MLP 8I (gate,
+# up, SiLU(gate), their product). Measured with saved-tensor hooks (tests/spec/test_spec_activations.py).
+ACT_BYTES_PER_LAYER = (20, 8, 4, 4)
+# The final norm before the head keeps 8h per token, once per model.
+ACT_BYTES_FINAL_NORM = 8
+# Log-probs and entropy come from the hidden states in chunks of 2^26 logits (rlhf.algos.logprobs);
+# one chunk's working set is its fp32 logits, softmax and their gradients (4 B each) and the bf16
+# head output (2 B): 18 B per logit. Measured on an H200 the policy's
+# training pass peaks 9.6-11.6 B per (response token × vocabulary) above the rest, far more than
+# one chunk, so the plan counts LOGPROB_BYTES_PER_LOGIT for every token of the micro-batch
+# (t ≥ its response tokens) until that is found (docs/memory.md). That measurement predates the
+# written-out LM-head backward (one weight gradient instead of one per chunk) and the 2^28-logit
+# GPU chunks (rlhf.algos.logprobs.CUDA_CHUNK_ELEMENTS): to be measured again.
+LOGITS_CHUNK = 2**26
+CHUNK_BYTES_PER_LOGIT = 18
+LOGPROB_BYTES_PER_LOGIT = 9
+# A forward-only pass (reference, reward model, critic values) keeps one chunk of bf16 and fp32
+# logits and the log-sum-exp's fp32 temporaries: 14 B per logit of one chunk.
+FORWARD_CHUNK_BYTES_PER_LOGIT = 14
+# DeepSpeed ZeRO's defaults (0.19): gradients are reduced through a bucket of reduce_bucket_size
+# elements in the training dtype (allocated whole, whatever the model's size); ZeRO-3 also
+# prefetches stage3_prefetch_bucket_size elements of gathered weights.
+ZERO_REDUCE_BUCKET = 500_000_000
+ZERO3_PREFETCH_BUCKET = 50_000_000
+# The optimizer step of ZeRO-1/2 in 16 bits flattens the gradient partition (b bytes per trained
+# parameter) and casts it to fp32 (4 bytes). The activations' freed blocks cannot hold these
+# large buffers, so the caching allocator reserves them on top of the backward's peak.
+STEP_BYTES_FP32 = 4
+# The training figures (hybrid's training phase, or a training role's GPU).
 TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
+
+# ---- host memory (per node)
+HOST = "host memory"
+# Plans above this share of a node's memory do not fit (the OS, page cache and Ray's object
+# store need the rest; Ray kills workers above 95 %).
+HOST_FIT_MARGIN = 0.90
+# Host memory of each process: a GPU worker (Python, torch, CUDA context and DeepSpeed); a vLLM
+# engine (its engine-core process and one GPU worker, model code, CUDA graphs' host side, the
+# tokenizer) plus a worker per further tensor-parallel GPU; the driver with Ray's own processes.
+HOST_PROCESS_GB = 4.0
+HOST_VLLM_ENGINE_GB = 8.0
+HOST_DRIVER_GB = 4.0
+# ZeRO-Offload keeps fp32 master weights, Adam's m and v and fp32 gradients on the host.
+HOST_OFFLOAD_BYTES = 16
+# Loading a model: a trained role's process reads it in float32 before DeepSpeed casts and moves
+# it; a frozen model (reference, reward) loads in the training dtype.
+HOST_LOAD_TRAINED_BYTES = 4
 
 
 def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
@@ -47,6 +92,12 @@ def param_count(m: ModelSpec, with_lm_head: bool = True) -> int:
     body = m.vocab * h + m.n_layers * layer + h
     head = (0 if m.tie_embeddings else m.vocab * h) if with_lm_head else h
     return body + head
+
+
+def layer_param_count(m: ModelSpec) -> int:
+    """Parameters of one decoder layer (see ``param_count``)."""
+    h = m.hidden
+    return 2 * h * h + 2 * h * (h // m.n_heads) * m.n_kv_heads + 3 * h * m.intermediate + 2 * h
 
 
 def lora_param_count(m: ModelSpec) -> int:
@@ -89,49 +140,117 @@ def trained_model_gb(params: int, shards: int, zero_stage: int, offload_optimize
     return {"weights": w / GB, "grads": g / GB, "optimizer": opt / GB}
 
 
+def zero_buffers_gb(m: ModelSpec, trained: int, shards: int, zero_stage: int, offload_optimizer: bool) -> dict[str, float]:
+    """DeepSpeed's working memory beside the states of one trained model on one device.
+
+    ``buffers``: the gradient reduce bucket, ZERO_REDUCE_BUCKET elements in the training dtype
+    (ZeRO ≥ 1); at ZeRO-3 also the gathered weights in use: two layers (the current and the
+    prefetched one), the embedding or head, and the prefetch bucket.
+    ``step``: the optimizer step's flat gradient copy and its fp32 cast, (b + 4)·P_trained / N,
+    when the optimizer is on the GPU and the model trains in 16 bits (ZeRO ≥ 1; at ZeRO-0 the
+    fp32 cast alone).
+    """
+    b = DTYPE_BYTES[m.dtype]
+    n = max(shards, 1)
+    buffers = b * ZERO_REDUCE_BUCKET if zero_stage >= 1 else 0.0
+    if zero_stage >= 3:
+        buffers += b * (2 * layer_param_count(m) + m.vocab * m.hidden + ZERO3_PREFETCH_BUCKET)
+    step = 0.0
+    if b == 2 and not offload_optimizer:
+        step = ((b if zero_stage >= 1 else 0) + STEP_BYTES_FP32) * trained / n
+    return {"ZeRO buffers": buffers / GB, "optimizer step": step / GB}
+
+
 def frozen_model_gb(params: int, shards: int, zero_stage: int, dtype: str) -> float:
     """A model that only runs forward (reference, reward model): its weights, sharded at ZeRO-3."""
     return DTYPE_BYTES[dtype] * params / (max(shards, 1) if zero_stage >= 3 else 1) / GB
 
 
-def activations_gb(m: ModelSpec, tokens: int, lm_head: bool = True) -> float:
-    """Activation memory of one training micro-batch of ``tokens`` packed tokens (Korthikanti et al.
-    2022, flash attention, no TP).
+def layer_activation_bytes(m: ModelSpec) -> float:
+    """Bytes one decoder layer keeps per token for the backward pass: a·h + b·I + c·kv + d·heads
+    (ACT_BYTES_PER_LAYER, at 16 bits; float32 weights double it)."""
+    a, b, c, d = ACT_BYTES_PER_LAYER
+    kv = m.hidden // m.n_heads * m.n_kv_heads
+    return (a * m.hidden + b * m.intermediate + c * kv + d * m.n_heads) * DTYPE_BYTES[m.dtype] / 2
 
-    Per layer 34·t·h bytes at 16 bits; with gradient checkpointing only each layer's input (2·t·h) is
-    kept, plus one layer being recomputed (34·t·h). fp32 weights double it. A model with an LM head
-    computes log-probs chunk by chunk from the hidden states: one chunk of fp32 logits and their
-    gradient, 8·min(t·V, LOGITS_CHUNK) bytes.
+
+def activations_gb(m: ModelSpec, tokens: int) -> float:
+    """Activation memory of the decoder for one training micro-batch of ``tokens`` packed tokens.
+
+    t·L·layer_activation_bytes + the final norm's 8h·t; with gradient checkpointing each layer
+    keeps only its input (2h·t) and one layer at a time is recomputed with its full activations.
     """
-    th = tokens * m.hidden
+    per_layer = layer_activation_bytes(m) * tokens
     scale = DTYPE_BYTES[m.dtype] / 2
+    final = ACT_BYTES_FINAL_NORM * m.hidden * tokens * scale
     if m.gradient_checkpointing:
-        layers = (2 * th * m.n_layers + ACT_BYTES_PER_LAYER * th) * scale
+        layers = 2 * m.hidden * tokens * m.n_layers * scale + per_layer
     else:
-        layers = ACT_BYTES_PER_LAYER * th * m.n_layers * scale
-    logits = 8 * min(tokens * m.vocab, LOGITS_CHUNK) if lm_head else 0
-    return (layers + logits) / GB
+        layers = per_layer * m.n_layers
+    return (layers + final) / GB
+
+
+def logprob_pass_gb(m: ModelSpec, tokens: int) -> float:
+    """The policy's log-prob and entropy pass with gradients over a micro-batch of ``tokens``:
+    max(CHUNK_BYTES_PER_LOGIT·min(t·V, LOGITS_CHUNK), LOGPROB_BYTES_PER_LOGIT·t·V) (see the
+    constants)."""
+    logits = tokens * m.vocab
+    return max(CHUNK_BYTES_PER_LOGIT * min(logits, LOGITS_CHUNK), LOGPROB_BYTES_PER_LOGIT * logits) / GB
+
+
+def forward_pass_gb(m: ModelSpec, tokens: int, lm_head: bool = True) -> float:
+    """A forward-only pass (reference log-probs, critic values, reward scores) over ``tokens``:
+    one layer's activations at a time, and with an LM head one chunk of logits (14 B per logit)."""
+    layer = layer_activation_bytes(m) * tokens
+    logits = FORWARD_CHUNK_BYTES_PER_LOGIT * min(tokens * m.vocab, LOGITS_CHUNK) if lm_head else 0
+    return (layer + logits) / GB
 
 
 def logits_gb(m: ModelSpec, tokens: int) -> float:
-    """A forward-only pass (reference log-probs): one chunk of fp32 logits, 4·min(t·V, LOGITS_CHUNK)."""
-    return 4 * min(tokens * m.vocab, LOGITS_CHUNK) / GB
+    """A forward-only pass's logits: one chunk, FORWARD_CHUNK_BYTES_PER_LOGIT·min(t·V, LOGITS_CHUNK)."""
+    return FORWARD_CHUNK_BYTES_PER_LOGIT * min(tokens * m.vocab, LOGITS_CHUNK) / GB
 
 
 @dataclass
 class Estimate:
     """GB per device: ``figures[name][part]``. Hybrid names: "training phase", "generation phase";
-    disaggregated names: the roles ("actor", "critic", "reference", "reward", "rollout")."""
+    disaggregated names: the roles ("actor", "critic", "reference", "reward", "rollout").
+    ``host``: GB of host memory on the busiest node, by part (empty when not checked: CPU runs)."""
 
     mode: str
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
+    host: dict[str, float] = field(default_factory=dict)
 
     def total(self, name: str) -> float:
-        return sum(self.figures[name].values())
+        return sum((self.host if name == HOST else self.figures[name]).values())
 
     @property
     def totals(self) -> dict[str, float]:
+        """Every GPU figure's total (host memory not included: see ``over_limit``)."""
         return {k: self.total(k) for k in self.figures}
+
+
+def capacity(spec: Any, name: str) -> float:
+    """What figure ``name`` may use and still fit: FIT_MARGIN of a GPU, or HOST_FIT_MARGIN of a
+    node's host memory."""
+    if name == HOST:
+        return spec.hardware.host_memory_gb * HOST_FIT_MARGIN
+    return spec.hardware.device_memory_gb * FIT_MARGIN
+
+
+def over_limit(spec: Any, est: Estimate) -> dict[str, float]:
+    """The figures that do not fit, ``{name: GB}`` (GPU figures, then "host memory"); none on CPU."""
+    if spec.hardware.accelerator != "cuda":
+        return {}
+    out = {k: v for k, v in est.totals.items() if v > capacity(spec, k)}
+    if est.host and est.total(HOST) > capacity(spec, HOST):
+        out[HOST] = est.total(HOST)
+    return out
+
+
+def fits(spec: Any, est: Estimate | None = None) -> bool:
+    """Every GPU figure within FIT_MARGIN of a GPU and the host figure within HOST_FIT_MARGIN."""
+    return not over_limit(spec, est or estimate(spec))
 
 
 def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
@@ -143,16 +262,22 @@ def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
 
 
 def estimate(spec: Any) -> Estimate:
-    """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated)."""
+    """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated), and
+    the host memory of the busiest node (GPU runs with ``hardware.host_memory_gb``)."""
     m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
     tokens = train.max_tokens_per_micro_batch
     cuda = hw.accelerator == "cuda"
     runtime = {"runtime": CUDA_OVERHEAD_GB} if cuda else {}
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     z, off = train.zero_stage, train.offload_optimizer
+    lm_head = spec.algo.kind != "rm"  # a reward model trains a value head
 
     def states(role: str, params: int) -> dict[str, float]:
         parts = trained_model_gb(params, lay.world_size(role), z, off, m.dtype)
+        return {f"{role} {k}": v for k, v in parts.items()}
+
+    def buffers(role: str, trained: int) -> dict[str, float]:
+        parts = zero_buffers_gb(m, trained, lay.world_size(role), z, off) if cuda else {}
         return {f"{role} {k}": v for k, v in parts.items()}
 
     p_lora = lora_param_count(m)
@@ -161,26 +286,30 @@ def estimate(spec: Any) -> Estimate:
         actor["actor weights"] += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
     else:
         actor = states("actor", p_policy)
-    actor_act = {"activations": activations_gb(m, tokens)}
-    critic = states("critic", p_value) if "critic" in spec.roles else {}
+    actor_work = {**buffers("actor", p_lora or p_policy), "activations": activations_gb(m, tokens)}
+    if lm_head:
+        actor_work["log-prob pass"] = logprob_pass_gb(m, tokens)
+    has_critic = "critic" in spec.roles
+    critic = states("critic", p_value) if has_critic else {}
+    critic_work = {**buffers("critic", p_value), "critic activations": activations_gb(m, tokens)} if has_critic else {}
     # RL with LoRA: the reference is the policy with its adapters disabled, so on the actor's GPUs
     # (hybrid) it needs no weights of its own.
     shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
-    reference = (
-        {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)}
-        if "reference" in spec.roles and not shared_reference else {}
-    )
-    reward = (
-        {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)}
+    has_reference = "reference" in spec.roles and not shared_reference
+    reference = {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)} \
+        if has_reference else {}
+    reward = {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)} \
         if "reward" in spec.roles else {}
-    )
     rollout = "rollout" in spec.roles
 
     est = Estimate(mode=pl.mode)
     if pl.mode == "hybrid":
-        # Every GPU holds every role; one phase runs at a time. Critic activations never coexist
-        # with the actor's (the updates run one after the other), so one activations term.
-        train_phase = {**actor, **critic, **reference, **reward, **actor_act, **runtime}
+        # Every GPU holds every role; one phase runs at a time. The actor's and the critic's
+        # updates run at the same time, and each process keeps its cached blocks until the
+        # phase ends (the reference's forward pass too), so all of them add up.
+        frozen_work = {"reference pass": forward_pass_gb(m, tokens)} if has_reference and cuda else {}
+        train_phase = {**actor, **critic, **reference, **reward, **actor_work, **critic_work, **frozen_work,
+                       **runtime}
         if rollout and cuda:
             if pl.sleep_rollout:
                 train_phase["vLLM asleep"] = VLLM_ASLEEP_GB
@@ -193,19 +322,92 @@ def estimate(spec: Any) -> Estimate:
             gen["training state (resident)" if resident else "training state (offloaded)"] = resident
             gen.update(runtime)
             est.figures["generation phase"] = gen
-        return est
-
-    # Disaggregated: each role on its own GPUs; a figure for one GPU of each.
-    est.figures["actor"] = {**actor, **actor_act, **runtime}
-    if critic:
-        est.figures["critic"] = {**critic, "activations": activations_gb(m, tokens, lm_head=False), **runtime}
-    if reference:
-        est.figures["reference"] = {**reference, "logits": logits_gb(m, tokens), **runtime}
-    if reward:
-        est.figures["reward"] = {**reward, **runtime}
-    if rollout:
-        est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
+    else:
+        # Disaggregated: each role on its own GPUs; a figure for one GPU of each.
+        est.figures["actor"] = {**actor, **actor_work, **runtime}
+        if critic:
+            est.figures["critic"] = {**critic, **critic_work, **runtime}
+        if reference:
+            est.figures["reference"] = {**reference, "logits": logits_gb(m, tokens), **runtime}
+        if reward:
+            est.figures["reward"] = {**reward, **runtime}
+        if rollout:
+            est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
+    if cuda and hw.host_memory_gb > 0:
+        est.host = host_gb(spec)
     return est
+
+
+# ----------------------------------------------------------------------------- host memory
+
+
+def _per_node(devices: tuple[int, ...], per_node: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for d in devices:
+        out[d // per_node] = out.get(d // per_node, 0) + 1
+    return out
+
+
+def host_gb(spec: Any) -> dict[str, float]:
+    """Host memory of the busiest node, by part (GB):
+
+    * ``runtime``: HOST_PROCESS_GB per GPU worker process (one per role per GPU it spans),
+      HOST_VLLM_ENGINE_GB per vLLM engine plus HOST_PROCESS_GB per further TP worker, and
+      HOST_DRIVER_GB for the driver and Ray;
+    * ``model loading``: each trained role's process reads its model in float32 (4 B/param),
+      each frozen one in the training dtype; counted whole although a load is over once DeepSpeed
+      has moved the model, since the roles start at the same time;
+    * ``optimizer (offloaded)``: ZeRO-Offload's fp32 master weights, m, v and fp32 gradients,
+      16 B per trained parameter of each rank's partition, summed over the node's ranks;
+    * ``training states (offloaded)`` (placement.offload_train_state): what DeepSpeed's
+      ``offload_states`` moves for each trained role's rank: its weights, gradients, optimizer
+      state (when not offloaded already) and reduce bucket.
+    """
+    m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
+    per_node = hw.devices_per_node
+    nodes = max(hw.nodes, 1)
+    b = DTYPE_BYTES[m.dtype]
+    p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
+    p_lora = lora_param_count(m)
+    trained = {"actor": p_lora or p_policy, "critic": p_value}
+    full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value}
+    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
+    best: dict[str, float] = {}
+    for node in range(nodes):
+        runtime = HOST_DRIVER_GB if node == 0 else 0.0
+        load = offloaded = states = 0.0
+        for role, devs in lay.roles.items():
+            if role == "rollout":
+                continue
+            ranks = _per_node(devs, per_node).get(node, 0)
+            if not ranks:
+                continue
+            runtime += HOST_PROCESS_GB * ranks
+            if role in trained:
+                load += HOST_LOAD_TRAINED_BYTES * full[role] * ranks
+                n = len(devs)
+                p = trained[role]
+                if train.offload_optimizer:
+                    offloaded += HOST_OFFLOAD_BYTES * p / n * ranks
+                if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1:
+                    parts = trained_model_gb(p, n, train.zero_stage, train.offload_optimizer, m.dtype)
+                    if role == "actor" and p_lora:
+                        parts["weights"] += frozen_model_gb(p_policy, n, train.zero_stage, m.dtype)
+                    states += (sum(parts.values()) + b * ZERO_REDUCE_BUCKET / GB) * ranks * GB
+            elif not (role == "reference" and shared_reference):
+                load += b * full[role] * ranks
+        for engine in lay.engines:
+            here = _per_node(engine, per_node).get(node, 0)
+            if here:
+                runtime += HOST_VLLM_ENGINE_GB + HOST_PROCESS_GB * (here - 1)
+        parts = {"runtime": runtime, "model loading": load / GB}
+        if offloaded:
+            parts["optimizer (offloaded)"] = offloaded / GB
+        if states:
+            parts["training states (offloaded)"] = states / GB
+        if sum(parts.values()) > sum(best.values()):
+            best = parts
+    return best
 
 
 # ----------------------------------------------------------------------------- advice
@@ -213,12 +415,14 @@ def estimate(spec: Any) -> Estimate:
 
 def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None = None) -> int:
     """About how many GPUs of this size a training figure (hybrid "training phase", or the actor,
-    critic, reference or reward role) needs at ZeRO-3, where all model states shard over the GPUs
-    and activations, runtime and a sleeping engine do not. 0: the unsharded parts alone do not fit."""
+    critic, reference or reward role) needs at ZeRO-3, where all model states and the optimizer
+    step's buffers shard over the GPUs and activations, runtime and a sleeping engine do not. 0:
+    the unsharded parts alone do not fit."""
     m = spec.model
     b = DTYPE_BYTES[m.dtype]
     off = spec.train.offload_optimizer if offload_optimizer is None else offload_optimizer
-    trained = 2 * b + (0 if off else (12 if b == 2 else 8))  # bytes per parameter
+    step = (b + STEP_BYTES_FP32) if b == 2 and not off else 0
+    trained = 2 * b + (0 if off else (12 if b == 2 else 8)) + step  # bytes per parameter
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     hybrid = name == "training phase"
     sharded = 0.0
@@ -232,7 +436,8 @@ def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or name == "reward":
         sharded += b * p_value
-    fixed = sum(v for k, v in est.figures[name].items() if not k.endswith(("weights", "grads", "optimizer")))
+    fixed = sum(v for k, v in est.figures[name].items()
+                if not k.endswith(("weights", "grads", "optimizer", "optimizer step")))
     room = spec.hardware.device_memory_gb * FIT_MARGIN - fixed
     return math.ceil(sharded / GB / room) if room > 0 else 0
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf.spec.advice import setting_that_fits, suggestions
+from rlhf.spec import memory
 from rlhf.spec.memory import (
     FIT_MARGIN,
+    HOST,
+    HOST_FIT_MARGIN,
     TRAINING_FIGURES,
     Estimate,
     estimate,
@@ -38,10 +41,9 @@ def _parts(parts: dict[str, float]) -> str:
 
 
 def fits(spec: Any, est: Estimate) -> bool:
-    if spec.hardware.accelerator != "cuda":
-        return True
-    cap = spec.hardware.device_memory_gb * FIT_MARGIN
-    return all(total <= cap for total in est.totals.values())
+    """Every GPU figure and the host figure fit (rlhf.spec.memory.over_limit: the rule that the
+    build's ``auto`` choices and the advice use too)."""
+    return memory.fits(spec, est)
 
 
 def _advice(spec: Any, est: Estimate, name: str) -> str:
@@ -54,6 +56,11 @@ def _advice(spec: Any, est: Estimate, name: str) -> str:
         return "Try " + "; ".join(tips) + "."
     if name in TRAINING_FIGURES and not min_gpus(spec, est, name):
         return "Use a smaller model or sequence length: activations and runtime alone do not fit."
+    if name == HOST:
+        if max(est.host, key=est.host.get) == "model loading":
+            return ("Every training process on a node loads the whole model on the host (float32 for a trained "
+                    "one): use a smaller model, fewer GPUs per node, or nodes with more host memory.")
+        return "Use LoRA, more GPUs (less optimizer state per node), or hardware with more host memory."
     return "Use more GPUs or a smaller model."
 
 
@@ -69,6 +76,13 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
                     f"✗ does not fit: {what} needs ~{total:.0f} GB, the GPU has {hw.device_memory_gb:g} GB "
                     f"({FIT_MARGIN:.0%} usable). {_advice(spec, est, name)}"
                 )
+        if est.host and est.total(HOST) > memory.capacity(spec, HOST):
+            big = max(est.host, key=est.host.get)
+            out.append(
+                f"✗ does not fit: the host memory needs ~{est.total(HOST):.0f} GB per node "
+                f"(most of it {big}, {est.host[big]:.0f} GB), the node has {hw.host_memory_gb:g} GB "
+                f"({HOST_FIT_MARGIN:.0%} usable; hardware.host_memory_gb). {_advice(spec, est, HOST)}"
+            )
         for name, parts in est.figures.items():
             weights = parts.get("vLLM weights", 0.0)
             share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
@@ -101,12 +115,13 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
 
 
 def _decisions(spec: Any) -> list[str]:
-    """One line per value the build chose from the memory figures (rlhf.spec.auto), with its reason."""
+    """One line per value the build chose (rlhf.spec.auto), with its reason."""
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
         "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",
         "placement.offload_train_state": lambda v: (
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
+        "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
     }
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
@@ -196,6 +211,10 @@ def render_plan(spec: Any) -> str:
         lines.append("memory per GPU (GB; formulas in docs/memory.md):")
         for name, parts in est.figures.items():
             lines.append(f"  {name + ':':<18}{_parts(parts)} = {est.total(name):.1f} of {hw.device_memory_gb:g}")
+        if est.host:
+            lines.append(f"host memory per node: {_parts(est.host)} = {est.total(HOST):.1f} of {hw.host_memory_gb:g}")
+        else:
+            lines.append("host memory per node: not checked (hardware.host_memory_gb=0)")
     else:
         lines.append(f"memory: CPU run; model states ~{est.total('training phase' if 'training phase' in est.figures else 'actor'):.2f} GB of host memory")
     warns = warnings(spec, est)

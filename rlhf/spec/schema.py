@@ -34,7 +34,7 @@ class Frozen:
 @dataclass
 class KLSpec(Frozen):
     coef: float = 0.0
-    estimator: str = "k3"  # k1 | k2 | k3
+    estimator: str = "k3"  # k1 | k2 | k3, or one registered by algo.plugins (rlhf.algos.registry)
     placement: str = "loss"  # loss | reward
     adaptive: bool = False  # adaptive controller (Ziegler et al. 2019), only in reward
     target: float = 6.0
@@ -55,11 +55,18 @@ class RLAlgo(Frozen):
 
     name: str = MISSING
     kind: str = "rl"
-    estimator: str = MISSING  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    # advantage estimator (rlhf.algos.registry): gae | grpo | dr_grpo | rloo | reinforce_pp |
+    # reinforce_pp_baseline, or one registered by algo.plugins
+    estimator: str = MISSING
+    policy_loss: str = "clip"  # clip (PPO's clipped surrogate), or one registered by algo.plugins
+    # modules imported in the driver and the workers before the parts above are looked up: their
+    # decorators register more estimators, policy losses and KL estimators (rlhf.algos.registry)
+    plugins: list[str] = field(default_factory=list)
     group_size: int = 1  # samples per prompt
     normalize_std: bool = True  # GRPO: divide by the group's std
     gamma: float = 1.0
     lam: float = 0.95
+    whiten_advantages: bool = True  # gae: scale advantages to mean 0, std 1 over the batch (off: raw GAE)
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: Optional[float] = None
@@ -181,6 +188,9 @@ class HardwareSpec(Frozen):
     devices_per_node: int = 1  # GPUs, or CPU worker slots when accelerator=cpu
     device_memory_gb: float = 0.0
     peak_bf16_tflops: float = 0.0
+    # host memory of one node (GB): the plan checks what the run keeps there (offloaded optimizer
+    # and training states, model loading, processes); 0 = not checked
+    host_memory_gb: float = 0.0
 
 
 # --------------------------------------------------------------------------- placement
@@ -223,6 +233,10 @@ class RolloutSpec(Frozen):
     top_k: int = -1
     gpu_memory_utilization: float = 0.5  # vLLM's share of each GPU
     enforce_eager: bool = False
+    # a seed per prompt (derived from train.seed, the step and the prompt's place), so a step's
+    # samples can be drawn again. null = auto: on with HF generate; off with vLLM, whose sampler
+    # draws seeded requests one by one (a kernel per request per token) instead of in one batch
+    seeded: Optional[bool] = None
 
 
 @dataclass
@@ -304,6 +318,9 @@ class TrackingSpec(Frozen):
     experiment: str = "rlhf"
     console: str = "rich"  # rich | plain | none
     log_every: int = 1
+    # what a sweep (-m) returns to Hydra's sweeper, e.g. Optuna's objective: this metric's mean over
+    # the last fifth of the steps that logged it (reward/mean, eval/greedy/reward_mean, ...)
+    objective: str = "reward/mean"
 
 
 @dataclass
@@ -322,6 +339,8 @@ class EvalSpec(Frozen):
     n_samples: int = 4  # sampled responses per prompt: pass@n_samples
     pass_threshold: float = 1.0  # a response passes when its reward is >= this
     max_prompts: Optional[int] = None  # the first N eval prompts; None = all
+    # also evaluate the starting policy before the first step (logged with step 1 as eval_before/...)
+    before_training: bool = False
 
 
 @dataclass

@@ -5,12 +5,18 @@ Each message names the key, the value, and a fix.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
-LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from rlhf.algos.registry import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    EstimatorInfo,
+    Registry,
+    plugin_problem,
+)
+
 KL_PLACEMENTS = ("loss", "reward")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -20,6 +26,19 @@ LORA_KINDS = ("rl", "sft", "dpo")  # algo kinds whose trained model may carry Lo
 def _choice(problems: list[str], key: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         problems.append(f"{key}={value!r} is not valid. Choose one of: {', '.join(options)}.")
+
+
+def _part(problems: list[str], registry: Registry, name: str) -> None:
+    if name not in registry.names():
+        problems.append(registry.unknown(name))
+
+
+def estimator_info(algo: Any) -> Optional[EstimatorInfo]:
+    """The metadata of ``algo.estimator`` (after importing ``algo.plugins``), None if it is not
+    registered or a plugin does not import (validation says so)."""
+    for module in algo.plugins:
+        plugin_problem(module)
+    return ADVANTAGE_ESTIMATORS.info(algo.estimator) if algo.estimator in ADVANTAGE_ESTIMATORS.names() else None
 
 
 def _divisors(n: int) -> list[int]:
@@ -38,25 +57,33 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
 
     # ---- algo
     if algo.kind == "rl":
-        _choice(p, "algo.estimator", algo.estimator, ESTIMATORS)
-        _choice(p, "algo.loss_agg", algo.loss_agg, LOSS_AGGS)
+        # the plugins first: their decorators register the names checked next
+        p.extend(msg for msg in map(plugin_problem, algo.plugins) if msg is not None)
+        _part(p, ADVANTAGE_ESTIMATORS, algo.estimator)
+        _part(p, POLICY_LOSSES, algo.policy_loss)
+        _choice(p, "algo.loss_agg", algo.loss_agg, LOSS_AGGREGATIONS)
         _choice(p, "algo.ratio_level", algo.ratio_level, ("token", "sequence"))
-        _choice(p, "algo.kl.estimator", algo.kl.estimator, KL_ESTIMATORS)
+        _part(p, KL_ESTIMATORS, algo.kl.estimator)
         _choice(p, "algo.kl.placement", algo.kl.placement, KL_PLACEMENTS)
+        est = estimator_info(algo)
         if algo.group_size < 1:
             p.append(f"algo.group_size={algo.group_size} must be at least 1.")
-        elif algo.estimator in GROUP_ESTIMATORS and algo.group_size < 2:
+        elif est is not None and est.grouped and algo.group_size < 2:
             p.append(
                 f"algo.group_size={algo.group_size}: {algo.estimator} compares samples of the same prompt, "
                 "so it needs at least 2. Use algo.group_size=4 or more."
             )
-        if algo.estimator == "gae" and algo.critic is None:
-            p.append("algo.estimator=gae needs a critic: set algo.critic.lr (and value_clip), or use algo=ppo.")
-        if algo.estimator != "gae" and algo.critic is not None:
+        if est is not None and est.needs_critic and algo.critic is None:
+            p.append(f"algo.estimator={algo.estimator} needs a critic: set algo.critic.lr (and value_clip), "
+                     "or use algo=ppo.")
+        if est is not None and not est.needs_critic and algo.critic is not None:
             p.append(
-                f"algo.critic is set but algo.estimator={algo.estimator} uses no critic (only gae does). "
+                f"algo.critic is set but algo.estimator={algo.estimator} uses no critic (gae does). "
                 "Remove the critic settings (algo.critic=null) or use algo=ppo."
             )
+        if not algo.whiten_advantages and est is not None and not est.whiten:
+            p.append(f"algo.whiten_advantages=false only applies to estimators that whiten (gae, PPO's); "
+                     f"{algo.estimator} sets its own advantage scale. Drop the override.")
         if algo.clip_low <= 0 or algo.clip_high <= 0:
             p.append(f"algo.clip_low={algo.clip_low}, algo.clip_high={algo.clip_high}: clip ranges must be > 0.")
         if algo.dual_clip is not None and algo.dual_clip <= 1:
@@ -114,6 +141,10 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
     if rollout.engine == "vllm" and hw.accelerator == "cpu":
         p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
+    hf_engine = rollout.engine == "hf" or (rollout.engine == "auto" and hw.accelerator != "cuda")
+    if rollout.seeded is False and hf_engine:
+        p.append("rollout.seeded=false: HF generate draws every sample from its own seeded generator, so it needs "
+                 "the seeds. Use rollout.seeded=true (or leave it unset).")
 
     # ---- placement
     n_before_placement = len(p)
@@ -121,6 +152,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     _choice(p, "placement.mode", pl.mode, ("hybrid", "disaggregated"))
     if hw.accelerator == "cuda" and hw.device_memory_gb <= 0:
         p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (80 for an H100).")
+    if hw.host_memory_gb < 0:
+        p.append(f"hardware.host_memory_gb={hw.host_memory_gb} must be >= 0 (GB of memory per node; 0 = not checked).")
     if pl.mode == "hybrid":
         for r in ("actor", "critic", "reference", "reward"):
             if getattr(pl, r):
@@ -159,7 +192,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
                     f"but hardware={hw.name} has {total}. Use placement.rollout.engines={total // tp} (or 0 = all)."
                 )
     if pl.mode == "disaggregated" and 1 <= tp <= hw.devices_per_node and pl.rollout.engines >= 0:
-        from rlhf.spec.build import disaggregated_counts
+        from rlhf.spec.layout import disaggregated_counts
 
         counts = disaggregated_counts(pl, roles, total)
         need = sum(counts.values())
@@ -368,7 +401,7 @@ def _or(values: list[int]) -> str:
 
 def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     """The batch math of one step: samples → mini-batches → ranks → micro-batches must divide evenly."""
-    from rlhf.spec.build import plan_layout
+    from rlhf.spec.layout import plan_layout
 
     algo, train = s["algo"], s["train"]
     world = plan_layout(s, roles).world_size("actor")

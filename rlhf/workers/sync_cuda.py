@@ -14,7 +14,7 @@ a collective: every trainer rank must call ``send`` together; only rank 0 talks 
 
 ``send`` returns ``{"sync_seconds", "sync_bytes", "sync_gbps", "sync_buckets"}``.
 The engine side is ``rlhf.workers.vllm_ext.WeightSyncExtension``, reached through the methods of
-``rlhf.workers.rollout_vllm.VLLMEngine`` (``load_ipc``, ``load_nccl``, ``sync_done``,
+``rlhf.rollout.vllm.VLLMEngine`` (``load_ipc``, ``load_nccl``, ``sync_done``,
 ``init_weight_group``).
 """
 
@@ -324,7 +324,7 @@ def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()
 
 def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
     """``handle.method.remote(...)``: an engine actor (``VLLMEngine``) or a rollout worker that
-    forwards to its engine (``rollout_vllm.EngineCallsMixin``)."""
+    forwards to its engine (``rlhf.workers.rollout.EngineCallsMixin``)."""
     return getattr(handle, method).remote(*args, **kwargs)
 
 

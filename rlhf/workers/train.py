@@ -297,7 +297,7 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         """One or more optimizer steps (see the module doc). Without ``old_logp`` in the batch the
         update is exactly on-policy: the ratio's anchor is this forward's own log-probs, and the
         rollout engine's mismatch is measured against them (``mismatch/*``)."""
-        from rlhf.algos import kl_penalty, micro_batch_loss, policy_loss
+        from rlhf.algos.objective import policy_loss_terms
 
         algo = self.spec.algo
         self.engine.train()
@@ -305,7 +305,6 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         n_opt = len(denominators)
         per_step = size(batch) // n_opt
         R = response_width(batch)
-        kl_loss = algo.kl.coef > 0 and algo.kl.placement == "loss" and "ref_logp" in batch
         on_policy = "old_logp" not in batch
         stats = _StatSums()
         pg_total, flops = 0.0, 0.0
@@ -324,38 +323,19 @@ class PolicyWorker(TrainerSyncMixin, _Model):
                     self.engine.step()
                     continue
                 mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
-                mask = mb["response_mask"]
-                n_tok = float(mask.sum())
                 lp, ent = self._token_logprobs(module, p, with_entropy=True)
                 logp = unpack(lp, p, len(rows), R)
                 ent = unpack(ent, p, len(rows), R)
-                old = mb["old_logp"] if "old_logp" in mb else logp.detach()
-                per_token, st = policy_loss(
-                    logp, old, mb["advantages"], mask,
-                    clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-                    ratio_level=algo.ratio_level,
-                    rollout_logp=mb.get("rollout_logp") if algo.tis_cap is not None else None,
-                    tis_cap=algo.tis_cap,
-                )
-                total = per_token
-                if algo.entropy_coef > 0:
-                    total = total - algo.entropy_coef * ent
-                if kl_loss:
-                    kl = kl_penalty(logp, mb["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
-                    total = total + algo.kl.coef * kl
-                    stats.add("actor/kl_loss", float((kl.detach() * mask).sum()) / max(n_tok, 1), n_tok)
-                loss = micro_batch_loss(total, mask, algo.loss_agg, denominators[k], self.world_size)
-                self.engine.backward(loss, scale_wrt_gas=False)
+                terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
+                self.engine.backward(terms.loss, scale_wrt_gas=False)
                 if self.engine.is_gradient_accumulation_boundary():
                     self.last_grad_norm = self._grad_norm()
                 self.engine.step()
-                # this micro-batch's share of the optimizer step's global loss
-                pg_total += float(micro_batch_loss(per_token.detach(), mask, algo.loss_agg, denominators[k], 1))
-                for name, v in st.items():
-                    stats.add(f"actor/{name}", float(v), n_tok)
-                stats.add("actor/entropy", float((ent.detach() * mask).sum()) / max(n_tok, 1), n_tok)
+                pg_total += float(terms.pg_loss)
+                for name, v in terms.stats.items():
+                    stats.add(f"actor/{name}", float(v), terms.tokens)
                 if on_policy and "rollout_logp" in mb:
-                    stats.mismatch(logp.detach(), mb["rollout_logp"], mask)
+                    stats.mismatch(logp.detach(), mb["rollout_logp"], mb["response_mask"])
                 flops += 3 * self.flops.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
                                                 float(p["sq_lengths"]))
             gn = self.last_grad_norm

@@ -1,7 +1,7 @@
 """Methods added to every vLLM worker (``LLM(worker_extension_cls=...)``) for weight sync.
 
 vLLM mixes this class into its GPU worker, so ``self`` is the worker: ``self.model_runner.model`` is
-the model and ``self.device`` its CUDA device. The rollout engine (``rlhf.workers.rollout_vllm``)
+the model and ``self.device`` its CUDA device. The rollout engine (``rlhf.rollout.vllm``)
 calls these through ``LLM.collective_rpc("rlhf_...")``, so with tensor parallelism every TP rank runs
 them. Nothing here imports vLLM at module level: the module must import on machines without it.
 

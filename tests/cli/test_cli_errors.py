@@ -41,6 +41,8 @@ BAD = [
     (["+algo.critic.lr=1"], ["+algo.critic.lr=1: algo=grpo has no critic", "algo=ppo"]),
     (["algo=rloo", "algo.critic={lr:1}"], ["algo=rloo has no critic", "estimator rloo"]),
     (["algo=ppo", "algo.critic=null"], ["algo.estimator=gae needs a critic", "algo.critic.lr"]),
+    (["algo=rloo", "algo.whiten_advantages=false"],
+     ["algo.whiten_advantages=false only applies to estimators that whiten", "rloo", "Drop the override"]),
     # override syntax
     (["+algo.lr=3"], ["algo.lr already exists", "algo.lr=VALUE"]),
     (["~algo.foo"], ["cannot delete algo.foo", "no such key"]),
@@ -68,7 +70,7 @@ BAD = [
     (["placement=disaggregated", "placement.critic=2", *L8],
      ["placement.critic=2 gives devices to a role this run does not have (algo=grpo)", "placement.critic=0"]),
     # impossible batch math gives the numbers and a nearby valid setting
-    (["algo=ppo", "train.prompts_per_step=12", *L8],
+    (["algo=ppo", "algo.group_size=1", "train.prompts_per_step=12", *L8],
      ["12 samples of an optimizer step", "8 data-parallel ranks", "Use train.prompts_per_step=8 (or 16)"]),
     (["train.prompts_per_step=10", *L8],
      ["train.micro_batch_size=8 does not divide the 10 samples", "(80 / 8)", "Use train.micro_batch_size=5"]),

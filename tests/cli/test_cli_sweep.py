@@ -69,12 +69,13 @@ def test_a_failed_job_is_recorded_and_the_sweep_goes_on(fake_execute, monkeypatc
 
 
 def test_a_job_whose_spec_does_not_validate_is_recorded(fake_execute, capsys):
-    argv = ["-m", "algo=ppo", "model=llama3-8b", "hardware=8xh100", "train.prompts_per_step=16,12"]
+    argv = ["-m", "algo=ppo", "algo.group_size=1", "model=llama3-8b", "hardware=8xh100", "train.prompts_per_step=16,12"]
     assert cli.main(argv) == 1
     assert [s.train.prompts_per_step for s in fake_execute] == [16]
     captured = capsys.readouterr()
     assert "Use train.prompts_per_step=8 (or 16)" in captured.err
-    assert "  #1 failed algo=ppo model=llama3-8b hardware=8xh100 train.prompts_per_step=12  — " in captured.out
+    assert ("  #1 failed algo=ppo algo.group_size=1 model=llama3-8b hardware=8xh100 train.prompts_per_step=12  — "
+            in captured.out)
     assert "sweep: 2 jobs, 1 ok, 1 failed" in captured.out
 
 

@@ -28,7 +28,7 @@ def setup(model_05b):
     from transformers import AutoTokenizer
 
     from bench.common import SAFE_ENV, TrainerStub, prompts_ids
-    from rlhf.workers.rollout_vllm import EngineConfig, VLLMEngine
+    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
 
     ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, ignore_reinit_error=True,
              runtime_env={"env_vars": dict(SAFE_ENV)})
@@ -53,7 +53,7 @@ def _greedy_round(s, label):
 
     engine, trainer, prompts = s["engine"], s["trainer"], s["prompts"]
     out = ray.get(engine.generate_ids.remote(prompts, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
-    v = [x.token_ids for x in out]
+    v = [x.response_ids for x in out]
     h = ray.get(trainer.greedy.remote(prompts, NEW_TOKENS))
     forced = ray.get(trainer.forced.remote(prompts, v))
     cmp = compare_greedy(v, h, forced)
@@ -69,8 +69,8 @@ def test_generate_returns_ids_and_logprobs(setup):
     from bench.checks import record
     import torch
 
-    from rlhf.workers.rollout import Sampling
-    from rlhf.workers.rollout_vllm import logprob_mismatch
+    from rlhf.rollout.engine import Sampling
+    from rlhf.rollout.vllm import logprob_mismatch
 
     engine, trainer, prompts = setup["engine"], setup["trainer"], setup["prompts"]
     samples = ray.get(engine.generate.remote(prompts, Sampling(n=4, max_new_tokens=48, temperature=1.0,

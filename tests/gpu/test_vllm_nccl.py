@@ -27,7 +27,7 @@ def setup(model_05b):
     from transformers import AutoTokenizer
 
     from bench.common import SAFE_ENV, TrainerStub, prompts_ids
-    from rlhf.workers.rollout_vllm import EngineConfig, VLLMEngine
+    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
 
     ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, ignore_reinit_error=True,
              runtime_env={"env_vars": dict(SAFE_ENV)})
@@ -54,7 +54,7 @@ def test_nccl_sync_after_training_step(setup, round_):
     stats = ray.get(trainer.sync.remote(bucket_mb=256))
     record(f"nccl_sync_round{round_}", loss=loss, **stats)
     out = ray.get(engine.generate_ids.remote(prompts, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
-    v = [x.token_ids for x in out]
+    v = [x.response_ids for x in out]
     h = ray.get(trainer.greedy.remote(prompts, NEW_TOKENS))
     forced = ray.get(trainer.forced.remote(prompts, v))
     cmp = compare_greedy(v, h, forced)

@@ -8,6 +8,7 @@ costs a cluster start of its own:
     dpo_tiny                      tests/pref/test_pref_pipeline.py::test_dpo_preference_accuracy
     pipeline_sft/_rm/_ppo         tests/pref/test_pref_pipeline.py (the module's pipeline fixture,
                                   each stage reading the previous one's final/hf)
+    grpo_tiny_optuna              tests/cli/test_cli_hydra.py (an Optuna search of 4 trials, in MLflow)
 
 The test here (no Ray, about a second) finds the CPU recipes by composing every recipe and fails
 when one has no run in that table, or the named test no longer runs it.
@@ -30,6 +31,7 @@ RUNS = {  # CPU recipe -> (test file, test function or fixture that runs it with
     "pipeline_sft": ("tests/pref/test_pref_pipeline.py", "pipeline"),
     "pipeline_rm": ("tests/pref/test_pref_pipeline.py", "pipeline"),
     "pipeline_ppo": ("tests/pref/test_pref_pipeline.py", "pipeline"),
+    "grpo_tiny_optuna": ("tests/cli/test_cli_hydra.py", "optuna_sweep"),
 }
 
 

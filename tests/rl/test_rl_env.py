@@ -7,7 +7,8 @@ import pytest
 from tests.rl.conftest import fifth_means, make_spec, run_rl
 
 STEPS = 20
-ENV = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=3", "train.seed=1",
+# algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning
+ENV = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=3", "train.seed=1", "algo.lr=5e-3",
        "env.fn=rlhf.envs.keymap:KeymapChain", "env.max_turns=2"]
 
 
@@ -26,7 +27,7 @@ class _Cluster:
 
     def __init__(self, spec):
         from rlhf.models import load_model, load_tokenizer, resolve_model_path
-        from rlhf.workers.rollout import HFEngine
+        from rlhf.rollout.hf import HFEngine
 
         path = resolve_model_path(spec.model.path, spec.model)
         self.tok = load_tokenizer(path)
@@ -47,7 +48,8 @@ def test_feedback_tokens_are_masked(tmp_path, monkeypatch):  # no Ray: an in-pro
 
     from rlhf.data.batch import collate
     from rlhf.envs.rollout import env_loss_mask, env_rollout
-    from rlhf.loops.rl import sampling_for, tokenize_prompts
+    from rlhf.rollout.generate import sampling_for
+    from rlhf.rollout.prompts import tokenize_prompts
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     spec = make_spec(ENV + ["env.max_turns=3", "algo.group_size=2"], tmp_path / "x")

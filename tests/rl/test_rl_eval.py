@@ -34,10 +34,11 @@ EVAL_STEPS = [4, 9, 14, 19]  # 0-based steps after which an evaluation runs
 HELD_OUT = {"k6", "k7"}
 BEST = "eval/heldout/sampled/reward_mean"  # keep-best by an eval metric
 MARGIN_SEEN, MARGIN_ALL = 0.3, 0.15  # greedy reward, last eval over first (measured: 0.72 and 0.36)
-TOY = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1",
+# algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning
+TOY = ["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1", "algo.lr=5e-3",
        f"eval.n_samples={N_SAMPLES}", f"eval.max_prompts={MAX_PROMPTS}", "eval.pass_threshold=1.0",
        f"checkpoint.every={EVERY}", "checkpoint.keep_last=1", f"checkpoint.best_metric={BEST}",
-       "checkpoint.save_hf=false"]
+       "checkpoint.save_hf=false", "eval.before_training=true"]
 KINDS = ("greedy/reward_mean", "greedy/pass_rate", "sampled/reward_mean", f"pass_at_{N_SAMPLES}", "prompts")
 
 
@@ -115,6 +116,17 @@ def test_greedy_eval_reward_rises(eval_run):
     assert last["eval/seen/greedy/pass_rate"] > first["eval/seen/greedy/pass_rate"]
 
 
+def test_eval_before_training_is_the_starting_policy(eval_run):
+    """eval.before_training: the starting (random) policy's evaluation, logged once with the first
+    step's metrics as eval_before/...; training then beats it on the seen keys."""
+    rows = eval_run["rows"]
+    assert [r["step"] for r in rows if "eval_before/greedy/reward_mean" in r] == [0]
+    before, last = rows[0], _evals(rows)[-1]
+    for kind in KINDS:
+        assert f"eval_before/seen/{kind}" in before
+    assert last["eval/seen/greedy/reward_mean"] >= before["eval_before/seen/greedy/reward_mean"] + MARGIN_SEEN
+
+
 def test_eval_metrics_in_mlflow(eval_run):
     from mlflow.tracking import MlflowClient
 
@@ -158,7 +170,7 @@ def test_eval_does_not_change_training(eval_run, data, tmp_path):
     assert code == 0 and len(rows) == n
     compared = 0
     for a, b in zip(eval_run["rows"][:n], rows):
-        keys = {k for k in a if not k.startswith(("time/", "throughput/", "perf/", "eval/"))}
+        keys = {k for k in a if not k.startswith(("time/", "throughput/", "perf/", "eval/", "eval_before/"))}
         assert keys == {k for k in b if not k.startswith(("time/", "throughput/", "perf/"))}, a["step"]
         for k in keys:
             assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-7), (a["step"], k, a[k], b[k])
@@ -193,7 +205,7 @@ def evaluator(data, tmp_path, monkeypatch):
     from rlhf.loops.rl_eval import make_evaluator
     from rlhf.models import load_model, load_tokenizer, resolve_model_path
     from rlhf.rewards import Rewards
-    from rlhf.workers.rollout import HFEngine
+    from rlhf.rollout.hf import HFEngine
     from tests.rl.conftest import make_spec
 
     if not os.environ.get("RLHF_CACHE"):

@@ -153,7 +153,7 @@ KEYS = [f"key k{i}" for i in range(8)]  # every prompt of the built-in task (rlh
 
 
 def _greedy():
-    from rlhf.workers.rollout import Sampling
+    from rlhf.rollout.engine import Sampling
 
     return Sampling(n=1, max_new_tokens=4, temperature=1.0, top_k=1, seeds=tuple(range(len(KEYS))))
 
@@ -167,7 +167,7 @@ def _prompt_ids() -> list[list[int]]:
 
 def _greedy_ids(model) -> list[list[int]]:
     from rlhf.models.builtin import build_tokenizer
-    from rlhf.workers.rollout import HFEngine
+    from rlhf.rollout.hf import HFEngine
 
     tok = build_tokenizer()
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)

@@ -72,7 +72,7 @@ def test_typed_fast_path_equals_merge_onto_schemas(llama_cfg):
 def test_derived_values_are_computed_once_and_consistent(llama_spec):
     b = llama_spec.batch
     assert llama_spec.roles == ("actor", "critic", "reference", "rollout")
-    assert b.samples_per_step == b.prompts_per_step * b.group_size == 128
+    assert b.samples_per_step == b.prompts_per_step * b.group_size == 128 * 8
     assert b.train_world_size == 8
     assert b.micro_batch_size * b.grad_accum * b.train_world_size == b.mini_batch_size
     assert llama_spec.rollout_engine == "vllm"
@@ -97,7 +97,7 @@ def test_validation_reports_every_problem_at_once():
 
 
 def test_batch_math_suggestions_are_valid_settings():
-    base = typed_config(cli.compose(["algo=ppo", "model=llama3-8b", "hardware=8xh100"]))
+    base = typed_config(cli.compose(["algo=ppo", "algo.group_size=1", "model=llama3-8b", "hardware=8xh100"]))
     secs = copy.deepcopy(base)
     secs["train"].prompts_per_step = 12
     with pytest.raises(SpecError, match=r"Use train.prompts_per_step=8 \(or 16\)"):

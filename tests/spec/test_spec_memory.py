@@ -48,12 +48,35 @@ def doc_params(m: dict, value_head: bool = False) -> int:
     return body + (0 if m["tie_embeddings"] else V * h)
 
 
-def doc_activations(m: dict, t: int, checkpointing: bool) -> float:
-    """t tokens per packed micro-batch; one chunk of at most 2^24 fp32 logits and its gradient."""
-    h, L, V = m["hidden"], m["n_layers"], m["vocab"]
+def doc_layer_bytes(m: dict) -> float:
+    """Bytes a decoder layer keeps per token: 20h + 8I + 4·kv + 4·heads at 16 bits."""
+    h, H, K = m["hidden"], m["n_heads"], m["n_kv_heads"]
     b = 2 if m["dtype"] in ("bfloat16", "float16") else 4
-    layers = (2 * t * h * L + 34 * t * h) if checkpointing else 34 * t * h * L
-    return (layers * (b / 2) + 8 * min(t * V, 2**24)) / 1e9
+    return (20 * h + 8 * m["intermediate"] + 4 * (h // H) * K + 4 * H) * b / 2
+
+
+def doc_activations(m: dict, t: int, checkpointing: bool) -> float:
+    """t tokens per packed micro-batch: the layers (or, checkpointed, each layer's input and one
+    layer) and the final norm's 8h per token."""
+    h, L = m["hidden"], m["n_layers"]
+    b = 2 if m["dtype"] in ("bfloat16", "float16") else 4
+    layers = (2 * t * h * L * b / 2 + doc_layer_bytes(m) * t) if checkpointing else doc_layer_bytes(m) * t * L
+    return (layers + 8 * h * t * b / 2) / 1e9
+
+
+def doc_logprob(m: dict, t: int) -> float:
+    return max(18 * min(t * m["vocab"], 2**26), 9 * t * m["vocab"]) / 1e9
+
+
+def doc_forward_pass(m: dict, t: int) -> float:
+    return (doc_layer_bytes(m) * t + 14 * min(t * m["vocab"], 2**26)) / 1e9
+
+
+def doc_zero_buffers(m: dict, z: int) -> float:
+    h, H, K, I = m["hidden"], m["n_heads"], m["n_kv_heads"], m["intermediate"]
+    layer = 2 * h * h + 2 * h * (h // H) * K + 3 * h * I + 2 * h
+    extra = 2 * (2 * layer + m["vocab"] * h + 5e7) if z == 3 else 0
+    return (2 * 5e8 + extra) / 1e9
 
 
 LLAMA8 = ("algo=grpo", "model=llama3-8b", "hardware=8xh100")
@@ -68,74 +91,89 @@ def test_hybrid_plan_figures_follow_the_doc(capsys):
     out = plan(capsys, *LLAMA8, "placement=hybrid")
     m, md, hw = load("model", "llama3-8b"), load("model_defaults", "llama3-8b"), load("hardware", "8xh100")
     P, N, b = doc_params(m), hw["devices_per_node"] * hw["nodes"], 2
-    assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-2 (it fits, see below)
+    assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-3 (ZeRO-2 does not fit, below)
     s = md["rollout"]["max_prompt_tokens"] + md["rollout"]["max_response_tokens"]
     t = md["train"]["micro_batch_size"] * s
     assert f"≤ {t} tokens per micro-batch" in out
-    expect = {
-        "actor weights": b * P / 1e9,
-        "actor grads": b * P / N / 1e9,
-        "actor optimizer": 12 * P / N / 1e9,
-        "reference weights": b * P / 1e9,
+    work = {
         "activations": doc_activations(m, t, md["model"]["gradient_checkpointing"]),
+        "log-prob pass": doc_logprob(m, t),
+        "reference pass": doc_forward_pass(m, t),
         "runtime": 2.0,
         "vLLM asleep": 1.0,
+    }
+    at_zero2 = (b * P + b * P / N + 12 * P / N + b * P + doc_zero_buffers(m, 2) * 1e9 + 6 * P / N) / 1e9 \
+        + sum(work.values())
+    cap = 0.95 * hw["device_memory_gb"]
+    assert at_zero2 > cap
+    assert f"ZeRO-3 (auto: at ZeRO-2 the training phase needs {at_zero2:.0f} GB of 76 usable" in out
+    expect = {
+        "actor weights": b * P / N / 1e9,
+        "actor grads": b * P / N / 1e9,
+        "actor optimizer": 12 * P / N / 1e9,
+        "reference weights": b * P / N / 1e9,
+        "actor ZeRO buffers": doc_zero_buffers(m, 3),
+        "actor optimizer step": 6 * P / N / 1e9,
+        **work,
     }
     for part, gb in expect.items():
         assert figure(out, "training phase:", part) == pytest.approx(gb, abs=0.051), part
     assert total(out, "training phase:") == pytest.approx(sum(expect.values()), abs=0.051)
-    cap = 0.95 * hw["device_memory_gb"]
     assert sum(expect.values()) <= cap
-    assert "steps: 100 · ZeRO-2 · seed 0" in out
-    assert "ZeRO-2 (auto: the training phase fits at ZeRO-2 (56 of 76 GB usable)" in out
+    assert "steps: 100 · ZeRO-3 · seed 0" in out
     vllm_w = b * P / 1 / 1e9
     share = 0.5 * hw["device_memory_gb"]
-    # resident, the states would not fit next to vLLM: the doc's rule offloads them
-    resident = expect["actor weights"] + expect["actor grads"] + expect["actor optimizer"] + expect["reference weights"]
-    assert share + resident + 2.0 > cap
-    assert "training states offloaded while vLLM generates (auto: resident, the training states would make " \
-           f"the generation phase {share + resident + 2.0:.0f} GB" in out
+    # resident, the (sharded) states fit next to vLLM: the doc's rule keeps them on the GPU
+    resident = sum(expect[k] for k in ("actor weights", "actor grads", "actor optimizer", "reference weights"))
+    assert share + resident + 2.0 <= cap
+    assert "training states stay on the GPU while vLLM generates (auto: the generation phase fits" in out
     assert figure(out, "generation phase:", "vLLM weights") == pytest.approx(vllm_w, abs=0.051)
     assert figure(out, "generation phase:", "vLLM KV cache + activations") == pytest.approx(share - vllm_w, abs=0.051)
-    assert total(out, "generation phase:") == pytest.approx(share + 2.0, abs=0.051)
+    assert total(out, "generation phase:") == pytest.approx(share + resident + 2.0, abs=0.051)
     assert "✓ fits" in out and "does not fit" not in out
     assert "placement (hybrid, 8 devices)" in out
 
 
 def test_disaggregated_plan_figures_follow_the_doc(capsys):
-    out = plan(capsys, *LLAMA8, "placement=disaggregated")
+    out = plan(capsys, *LLAMA8, "placement=disaggregated", "train.offload_optimizer=false")
     m = load("model", "llama3-8b")
     P = doc_params(m)
     assert "device 0-3: actor" in out  # 8 GPUs: rollout 2, actor 4 (largest power of two), reference 2
     assert "device 4-5: reference" in out
-    N_actor = 4
-    assert "· ZeRO-2 ·" in out
+    N_actor, t = 4, 8 * 2048
+    assert "· ZeRO-3 ·" in out  # ZeRO-2 does not fit with Adam on the GPU
     assert figure(out, "actor:", "actor optimizer") == pytest.approx(12 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "actor:", "actor grads") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
-    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / 1e9, abs=0.051)
-    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 1e9, abs=0.051)
-    assert figure(out, "reference:", "logits") == pytest.approx(4 * 2**24 / 1e9, abs=0.051)
+    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
+    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 2 / 1e9, abs=0.051)  # 2 GPUs
+    assert figure(out, "reference:", "logits") == pytest.approx(14 * 2**26 / 1e9, abs=0.051)
     assert total(out, "actor:") == pytest.approx(
-        (2 + 2 / N_actor + 12 / N_actor) * P / 1e9 + doc_activations(m, 8 * 2048, True) + 2.0, abs=0.051)
-    assert "✓ fits" in out
+        (2 / N_actor + 2 / N_actor + 12 / N_actor + 6 / N_actor) * P / 1e9 + doc_zero_buffers(m, 3)
+        + doc_activations(m, t, True) + doc_logprob(m, t) + 2.0, abs=0.051)
 
 
 def test_zero_stage_and_offload_change_the_figures_as_documented(capsys):
     m = load("model", "llama3-8b")
     P = doc_params(m)
-    out = plan(capsys, *LLAMA8, "train.zero_stage=1")
+    out = plan(capsys, *LLAMA8, "train.zero_stage=1", "train.offload_optimizer=false")
     assert figure(out, "training phase:", "actor weights") == pytest.approx(2 * P / 1e9, abs=0.051)
     assert figure(out, "training phase:", "actor grads") == pytest.approx(2 * P / 1e9, abs=0.051)
     assert figure(out, "training phase:", "actor optimizer") == pytest.approx(12 * P / 8 / 1e9, abs=0.051)
+    assert figure(out, "training phase:", "actor optimizer step") == pytest.approx(6 * P / 8 / 1e9, abs=0.051)
     out = plan(capsys, *LLAMA8, "train.zero_stage=3")
     assert figure(out, "training phase:", "actor weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     assert figure(out, "training phase:", "reference weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     out = plan(capsys, *LLAMA8, "train.zero_stage=2", "train.offload_optimizer=true",
                "model.gradient_checkpointing=false", "train.max_tokens_per_micro_batch=4096")
+    line = out.split("training phase:")[1].split("\n")[0]
     assert figure(out, "training phase:", "actor grads") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
-    assert "actor optimizer" not in out.split("training phase:")[1].split("\n")[0]
+    assert "actor optimizer" not in line  # neither Adam's state nor the step's fp32 copy on the GPU
     assert figure(out, "training phase:", "activations") == pytest.approx(doc_activations(m, 4096, False), abs=0.051)
+    assert figure(out, "training phase:", "log-prob pass") == pytest.approx(doc_logprob(m, 4096), abs=0.051)
     assert "≤ 4096 tokens per micro-batch" in out
+    # host: ZeRO-Offload's 16 B per parameter, the 8 ranks' partitions on the one node
+    host = out.split("host memory per node:")[1].split("\n")[0]
+    assert float(re.search(r"optimizer \(offloaded\) (\d+\.\d)", host).group(1)) == pytest.approx(16 * P / 1e9, abs=0.051)
 
 
 def test_lora_rl_reference_is_the_policy_without_adapters(capsys):
@@ -148,16 +186,21 @@ def test_lora_rl_reference_is_the_policy_without_adapters(capsys):
 
 
 def test_zero3_only_when_several_ranks_and_zero2_does_not_fit(capsys):
-    # one rank: never ZeRO-3, the optimizer goes to host memory instead
+    # one rank: never ZeRO-3; the optimizer would go to host memory, but 1xh200's 125 GB cannot hold it
     out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200")
-    assert "· ZeRO-2 · optimizer offloaded ·" in out
+    assert "· ZeRO-2 · seed" in out
     assert "ZeRO-2 (auto: 1 rank; ZeRO-3 only shards over several ranks)" in out
+    assert "optimizer on the GPU (auto: offloaded, Adam's state would make the host memory" in out
+    # with the host memory unchecked the optimizer is offloaded as before
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200", "hardware.host_memory_gb=0")
+    assert "· ZeRO-2 · optimizer offloaded ·" in out
     assert "optimizer offloaded (auto: Adam's state (91 GB per GPU) in host memory" in out
-    assert "✓ fits" in out
     # two ranks, ZeRO-2 does not fit without checkpointing: ZeRO-3 rather than a host optimizer
-    out = plan(capsys, "model=qwen2.5-7b", "hardware=2xh200", "model.gradient_checkpointing=false")
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=2xh200", "model.gradient_checkpointing=false",
+               "train.max_tokens_per_micro_batch=4096")
     assert "· ZeRO-3 · seed" in out
-    assert "ZeRO-3 (auto: at ZeRO-2 the training phase needs 143 GB of 134 usable; ZeRO-3 shards the weights over 2 ranks)" in out
+    assert re.search(r"ZeRO-3 \(auto: at ZeRO-2 the training phase needs \d+ GB of 134 usable; ZeRO-3 shards "
+                     r"the weights over 2 ranks\)", out)
     # CPU: ZeRO-0, as the tiny runs always had
     out = plan(capsys)
     assert "· ZeRO-0 · seed" in out and "ZeRO-0 (auto: CPU run)" in out
@@ -177,7 +220,7 @@ def test_states_stay_resident_when_both_phases_fit(capsys):
 
 
 def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
-    out = plan(capsys, "model=llama3-70b", "hardware=1xh200")
+    out = plan(capsys, "model=llama3-70b", "hardware=1xh200", "hardware.host_memory_gb=0")
     assert "✗ does not fit: the training phase needs" in out
     assert "the GPU has 141 GB" in out
     assert "hardware.devices_per_node=8 (fits" in out
@@ -189,6 +232,63 @@ def test_the_doc_states_the_constants_the_code_uses():
     text = DOC.read_text()
     assert f"| {memory.CUDA_OVERHEAD_GB:g} GB | `CUDA_OVERHEAD_GB`" in text
     assert f"| {memory.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
-    assert f"| {memory.ACT_BYTES_PER_LAYER} | `ACT_BYTES_PER_LAYER`" in text
+    assert memory.ACT_BYTES_PER_LAYER == (20, 8, 4, 4) and "| 20·h + 8·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER`" in text
     assert f"| {memory.FIT_MARGIN:g} | `FIT_MARGIN`" in text
-    assert memory.LOGITS_CHUNK == 2**24 and "| 2²⁴ | `LOGITS_CHUNK`" in text
+    assert f"| {memory.HOST_FIT_MARGIN:g} | `HOST_FIT_MARGIN`" in text
+    assert memory.LOGITS_CHUNK == 2**26 and "| 2²⁶ | `LOGITS_CHUNK`" in text
+    for name in ("CHUNK_BYTES_PER_LOGIT", "LOGPROB_BYTES_PER_LOGIT", "FORWARD_CHUNK_BYTES_PER_LOGIT",
+                 "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
+        assert f"| {getattr(memory, name)} B | `{name}`" in text, name
+    for name in ("HOST_PROCESS_GB", "HOST_VLLM_ENGINE_GB", "HOST_DRIVER_GB"):
+        assert f"| {getattr(memory, name):g} GB | `{name}`" in text, name
+    assert f"| {memory.ZERO_REDUCE_BUCKET:.0e} | `ZERO_REDUCE_BUCKET`".replace("e+0", "e") in text
+
+
+# ---- host memory (per node)
+
+
+def test_7b_full_on_one_h200_does_not_fit_the_host_and_the_suggestion_fits(capsys):
+    """ZeRO-Offload of 7.6 B parameters needs 16 B each on the host (122 GB) of the node's 125 GB:
+    the plan says so, and the setting it names fits (GPU and host)."""
+    P = doc_params(load("model", "qwen2.5-7b"))
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200", "train.offload_optimizer=true")
+    host = re.search(r"^host memory per node: (.*) = (\d+\.\d) of 125$", out, flags=re.M)
+    assert host and float(re.search(r"optimizer \(offloaded\) (\d+\.\d)", host.group(1)).group(1)) == \
+        pytest.approx(16 * P / 1e9, abs=0.051)
+    assert "✗ does not fit: the host memory needs ~" in out and "most of it optimizer (offloaded)" in out
+    fix = re.search(r"^→ a setting that fits: (.+)$", out, flags=re.M).group(1).split()
+    fixed = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200", "train.offload_optimizer=true", *fix)
+    assert fixed.rstrip().endswith("✓ fits") and "✗" not in fixed
+    # auto: no offload the host cannot hold, so 7B full fine-tuning does not fit one H200 at all
+    out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200")
+    assert out.rstrip().endswith("✗ does not fit (see above)")
+    fix = re.search(r"^→ a setting that fits: (.+)$", out, flags=re.M).group(1).split()
+    assert plan(capsys, "model=qwen2.5-7b", "hardware=1xh200", *fix).rstrip().endswith("✓ fits")
+
+
+def test_host_figure_parts_follow_the_doc(capsys):
+    """GRPO 0.5B on one H200: the driver, the actor and reference processes and a vLLM engine;
+    the actor loads in float32, the reference in bf16. PPO adds a critic process and its float32 load."""
+    m = load("model", "qwen2.5-0.5b")
+    P, Pv = doc_params(m), doc_params(m, value_head=True)
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200")
+    line = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
+    assert figure("x " + line, "x", "runtime") == pytest.approx(4 + 4 + 4 + 8, abs=0.051)
+    assert figure("x " + line, "x", "model loading") == pytest.approx((4 * P + 2 * P) / 1e9, abs=0.051)
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "algo=ppo", "placement.offload_train_state=true")
+    line = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
+    assert figure("x " + line, "x", "model loading") == pytest.approx((4 * P + 4 * Pv + 2 * P) / 1e9, abs=0.051)
+    # offloaded states: each trained role's weights, grads, Adam state (16 B/param at ZeRO-2, 1 rank)
+    # and its reduce bucket
+    assert figure("x " + line, "x", "training states (offloaded)") == pytest.approx(
+        (16 * P + 16 * Pv + 2 * 2 * 5e8) / 1e9, abs=0.051)
+
+
+def test_a_cpu_run_has_no_host_figure(capsys):
+    from rlhf.spec.build import build
+
+    out = plan(capsys)
+    assert "host memory per node" not in out
+    spec = build(cli.compose([]))
+    assert memory.estimate(spec).host == {}
+    assert spec.hardware.host_memory_gb == 0

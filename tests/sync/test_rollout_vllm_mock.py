@@ -96,7 +96,7 @@ def fake_vllm(monkeypatch):
     mod.SamplingParams = _SamplingParams
     mod.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", mod)
-    import rlhf.workers.rollout_vllm as rv
+    import rlhf.rollout.vllm as rv
 
     monkeypatch.setattr(rv, "_free_total", lambda: (100 << 30, 141 << 30))
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
@@ -118,7 +118,7 @@ def test_engine_settings_and_generation(fake_vllm, monkeypatch):
 
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
-    from rlhf.workers.rollout import Sample, Sampling
+    from rlhf.rollout.engine import Sample, Sampling
 
     out = eng.generate([[1, 2, 3], [4, 5]], Sampling(n=3, max_new_tokens=4, temperature=0.7, seeds=(10, 20)))
     assert all(isinstance(s, Sample) for s in out)
@@ -157,7 +157,7 @@ def test_sleep_wake_and_weight_loading(fake_vllm):
 
 
 def test_logprob_mismatch_stats():
-    from rlhf.workers.rollout_vllm import logprob_mismatch
+    from rlhf.rollout.vllm import logprob_mismatch
 
     roll = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     mine = torch.tensor([[-1.1, -2.0, 5.0], [-0.3, 9.0, 9.0]])

@@ -1,0 +1,149 @@
+"""The RL objective, whole, as pure torch: what the ``algo`` settings turn a batch into.
+
+Two halves, called from two places:
+
+* ``advantages`` (the driver, ``rlhf.loops.rl``, once per step on the whole batch): reward
+  shaping (DAPO's overlong penalty, batch normalisation and clipping of the scores), the KL
+  penalty in the reward, the registered advantage estimator (``algo.estimator``) and the
+  whitening of its advantages;
+* ``policy_loss_terms`` (the policy worker, ``rlhf.workers.train``, per micro-batch): the
+  registered policy loss (``algo.policy_loss``), minus the entropy bonus, plus the KL loss,
+  aggregated by ``algo.loss_agg`` with the optimizer step's global denominator
+  (``rlhf.algos.losses.micro_batch_loss``), and the statistics the worker logs.
+
+The critic's loss (``rlhf.algos.losses.value_loss``) needs nothing beyond the advantages' returns.
+Parts are looked up by name in ``rlhf.algos.registry`` after importing ``algo.plugins``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+import torch
+
+from rlhf.algos.advantages import compute_advantages, masked_mean, masked_whiten
+from rlhf.algos.kl import kl_penalty
+from rlhf.algos.losses import PolicyLossInputs, micro_batch_loss
+from rlhf.algos.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, load_plugins
+from rlhf.algos.shaping import normalize_scores, overlong_penalty
+
+if TYPE_CHECKING:
+    from rlhf.spec.schema import RLAlgo
+
+__all__ = ["Advantages", "PolicyLossTerms", "advantages", "kl_in_reward", "policy_loss_terms", "shape_scores",
+           "whiten"]
+
+
+# ----------------------------------------------------------------------------- the driver's half
+
+
+@dataclass
+class Advantages:
+    advantages: torch.Tensor  # [B, T], float32
+    returns: Optional[torch.Tensor]  # [B, T] float32 for estimators with a critic, else None
+    metrics: dict[str, float]
+
+
+def shape_scores(algo: RLAlgo, scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+                 max_response_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scores ``[B]`` after DAPO's soft overlong penalty (``algo.overlong_buffer``; a sample cut at
+    the length limit, ``truncated``, pays the full penalty) and the batch normalisation and
+    clipping of ``algo.reward_normalize`` / ``algo.reward_clip``."""
+    out: dict[str, float] = {}
+    scores = scores.clone()
+    if algo.overlong_buffer:
+        pen = overlong_penalty(mask.sum(-1), max_response_tokens, algo.overlong_buffer, algo.overlong_penalty)
+        pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
+        scores = scores + pen
+        out["reward/overlong_penalty"] = float(pen.mean())
+    if algo.reward_normalize or algo.reward_clip is not None:
+        scores = normalize_scores(scores, "batch" if algo.reward_normalize else "none", algo.reward_clip)
+    return scores, out
+
+
+def kl_in_reward(algo: RLAlgo, policy_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                 kl_coef: float) -> tuple[Optional[torch.Tensor], dict[str, float]]:
+    """The per-token KL to the reference (``kl/mean``) and, with ``algo.kl.placement=reward``, the
+    token rewards ``-kl_coef * kl`` it adds (``kl_coef``: the KL controller's current value)."""
+    kl = kl_penalty(policy_logp, ref_logp, algo.kl.estimator, algo.kl.clamp, mask)
+    metrics = {"kl/mean": float(masked_mean(kl, mask))}
+    if algo.kl.placement == "reward" and kl_coef > 0:
+        return -kl_coef * kl, metrics
+    return None, metrics
+
+
+def whiten(algo: RLAlgo, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The one place that decides whether advantages are whitened over the batch: the
+    estimator's ``whiten`` (GAE, as PPO does; returns stay unwhitened for the critic), unless
+    ``algo.whiten_advantages`` is false."""
+    if ADVANTAGE_ESTIMATORS.info(algo.estimator).whiten and algo.whiten_advantages:
+        return masked_whiten(adv, mask)
+    return adv
+
+
+def advantages(algo: RLAlgo, *, scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+               max_response_tokens: int, values: Optional[torch.Tensor] = None,
+               policy_logp: Optional[torch.Tensor] = None, ref_logp: Optional[torch.Tensor] = None,
+               kl_coef: float = 0.0) -> Advantages:
+    """A step's advantages (and returns) from its scores ``[B]``: shaped scores, KL in the reward
+    when ``ref_logp`` is given, the estimator, whitening. ``policy_logp`` are the log-probs the KL
+    is measured at (the old policy's, or the rollout engine's when there is no old pass)."""
+    load_plugins(algo.plugins)
+    scores, metrics = shape_scores(algo, scores, mask, truncated, max_response_tokens)
+    token_rewards = None
+    if ref_logp is not None:
+        token_rewards, kl_metrics = kl_in_reward(algo, policy_logp, ref_logp, mask, kl_coef)
+        metrics.update(kl_metrics)
+    adv, ret = compute_advantages(
+        algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
+        group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)
+    adv = whiten(algo, adv, mask)
+    metrics["advantages/mean"] = float(masked_mean(adv, mask))
+    metrics["advantages/abs_mean"] = float(masked_mean(adv.abs(), mask))
+    return Advantages(adv.float(), ret.float() if ret is not None else None, metrics)
+
+
+# ----------------------------------------------------------------------------- the worker's half
+
+
+@dataclass
+class PolicyLossTerms:
+    loss: torch.Tensor  # this micro-batch's loss, to back-propagate as is (micro_batch_loss)
+    pg_loss: torch.Tensor  # detached: its share of the optimizer step's global policy loss
+    stats: dict[str, torch.Tensor]  # detached means over its policy tokens (kl_loss, clip_frac, entropy, ...)
+    tokens: float  # its policy tokens: the weight of its stats
+
+
+def policy_loss_terms(algo: RLAlgo, logp: torch.Tensor, entropy: torch.Tensor, mb: Mapping[str, Any],
+                      denominator: float, dp_world_size: int) -> PolicyLossTerms:
+    """The policy's loss on one micro-batch ``mb`` (``response_mask``, ``advantages`` and, when
+    present, ``old_logp``, ``ref_logp``, ``rollout_logp``; ``[B, T]``) given this forward's
+    ``logp`` and ``entropy``::
+
+        loss = agg(policy_loss - entropy_coef * entropy + kl.coef * kl)    (kl with placement=loss)
+
+    Without ``old_logp`` the update is exactly on-policy: the ratio's anchor is ``logp`` itself."""
+    load_plugins(algo.plugins)
+    mask = mb["response_mask"]
+    tokens = float(mask.sum())
+    n_tok = max(tokens, 1)
+    old = mb["old_logp"] if "old_logp" in mb else logp.detach()
+    per_token, part_stats = POLICY_LOSSES.get(algo.policy_loss)(PolicyLossInputs(
+        logp=logp, old_logp=old, advantages=mb["advantages"], mask=mask,
+        rollout_logp=mb.get("rollout_logp") if algo.tis_cap is not None else None,
+        clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+        ratio_level=algo.ratio_level, tis_cap=algo.tis_cap))
+    total = per_token
+    stats: dict[str, torch.Tensor] = {}
+    if algo.entropy_coef > 0:
+        total = total - algo.entropy_coef * entropy
+    if algo.kl.coef > 0 and algo.kl.placement == "loss" and "ref_logp" in mb:
+        kl = kl_penalty(logp, mb["ref_logp"], algo.kl.estimator, algo.kl.clamp, mask)
+        total = total + algo.kl.coef * kl
+        stats["kl_loss"] = (kl.detach() * mask).sum().double() / n_tok
+    loss = micro_batch_loss(total, mask, algo.loss_agg, denominator, dp_world_size)
+    pg = micro_batch_loss(per_token.detach(), mask, algo.loss_agg, denominator, 1)
+    stats.update({name: v.detach() for name, v in part_stats.items()})
+    stats["entropy"] = (entropy.detach() * mask).sum().double() / n_tok
+    return PolicyLossTerms(loss, pg, stats, tokens)

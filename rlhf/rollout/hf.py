@@ -1,0 +1,100 @@
+"""The Hugging Face rollout engine (CPU, and GPU without vLLM): sampling with a causal LM and its KV
+cache, one token step at a time, every sample from its own seeded generator (``rlhf.rollout.engine``)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf.rollout.engine import Sample, Sampling
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) > top_p  # keep the token that crosses top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    return logits
+
+
+class HFEngine:
+    """Sampling with a Hugging Face causal LM and its KV cache, one token step at a time."""
+
+    def __init__(self, model, eos_token_id: int, pad_token_id: int, device: str = "cpu", max_batch: int = 256):
+        self.model = model.eval()
+        self.eos = eos_token_id
+        self.pad = pad_token_id
+        self.device = device
+        self.max_batch = max_batch
+
+    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.model.load_state_dict(named_tensors, strict=False)
+        if unexpected:
+            raise RuntimeError(f"weight sync: unexpected parameters {unexpected[:5]}")
+
+    def sleep(self) -> None:  # nothing to free on CPU
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[Sample]:
+        rows = [(i, j) for i in range(len(prompt_token_ids)) for j in range(sampling.n)]
+        seeds = list(sampling.seeds) or [0] * len(prompt_token_ids)
+        out: list[Sample] = []
+        for s in range(0, len(rows), self.max_batch):
+            chunk = rows[s : s + self.max_batch]
+            out.extend(self._generate_rows([prompt_token_ids[i] for i, _ in chunk],
+                                           [seeds[i] * 1_000_003 + j for i, j in chunk], sampling))
+            for k, (i, _) in enumerate(chunk):
+                out[s + k].prompt_index = i
+        return out
+
+    def _generate_rows(self, prompts: list[list[int]], row_seeds: list[int], sp: Sampling) -> list[Sample]:
+        B = len(prompts)
+        P = max(len(p) for p in prompts)
+        ids = torch.full((B, P), self.pad, dtype=torch.long)
+        attn = torch.zeros((B, P), dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding
+            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[b, P - len(p):] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        gens = [torch.Generator().manual_seed(int(seed) % (2**63)) for seed in row_seeds]
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        done = torch.zeros(B, dtype=torch.bool)
+        responses: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        past = None
+        step_ids, step_pos = ids, pos
+        for _ in range(sp.max_new_tokens):
+            o = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                           past_key_values=past, use_cache=True)
+            past = o.past_key_values
+            logits = o.logits[:, -1, :].float().cpu() / sp.temperature
+            logp_all = torch.log_softmax(logits, dim=-1)
+            probs = torch.softmax(_filter_logits(logits, sp.top_k, sp.top_p), dim=-1)
+            nxt = torch.empty(B, dtype=torch.long)
+            for b in range(B):
+                nxt[b] = self.pad if done[b] else torch.multinomial(probs[b], 1, generator=gens[b])[0]
+            for b in range(B):
+                if not done[b]:
+                    t = int(nxt[b])
+                    responses[b].append(t)
+                    logps[b].append(float(logp_all[b, t]))
+                    if t == self.eos:
+                        done[b] = True
+            if bool(done.all()):
+                break
+            step_ids = nxt.unsqueeze(1).to(self.device)
+            step_pos = step_pos[:, -1:] + 1
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
+        return [
+            Sample(response_ids=responses[b], logprobs=logps[b],
+                   finish_reason="stop" if responses[b] and responses[b][-1] == self.eos else "length")
+            for b in range(B)
+        ]

@@ -1,0 +1,231 @@
+"""rlhf-run as a Hydra app: Hydra's flags (--cfg, --info, --shell-completion), hydra.run.dir and
+hydra.job.chdir, the Optuna sweeper (a real search on the tiny task, MLflow parent and children),
+and the SLURM launcher's config (composed and planned; no SLURM here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf import cli, sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGV = ["algo=rloo", "train.steps=3", "algo.kl.coef=0.02", "tracking.backend=none"]
+
+
+@pytest.fixture
+def recording_run(monkeypatch):
+    """rlhf.run.run that only writes the run dir's spec.yaml and config.yaml (rlhf.run.write_run_dir)."""
+    from rlhf.run import write_run_dir
+
+    seen = []
+    module = types.ModuleType("rlhf.run")
+
+    def run(spec):
+        seen.append((spec, os.getcwd()))
+        write_run_dir(spec)
+        return 0
+
+    module.run = run
+    monkeypatch.setitem(sys.modules, "rlhf.run", module)
+    return seen
+
+
+def test_cfg_job_prints_the_config_the_run_writes(recording_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--cfg", "job", *ARGV]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert not (tmp_path / "outputs").exists()  # printing runs nothing
+    assert cli.main(ARGV) == 0
+    spec, _ = recording_run[0]
+    run_dir = Path(spec.output_dir)
+    # Hydra's run dir, without Hydra's .hydra/ (hydra.output_subdir=null: the run writes config.yaml)
+    assert run_dir.parts[0] == "outputs" and not (run_dir / ".hydra").exists()
+    assert printed == yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert printed["algo"]["name"] == "rloo" and printed["train"]["steps"] == 3
+
+
+def test_cfg_hydra_package_resolve_and_info(capsys):
+    assert cli.main(["--cfg", "hydra", "--package", "hydra.run"]) == 0
+    assert "dir: outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}" in capsys.readouterr().out
+    assert cli.main(["--cfg", "job", "-p", "algo", "algo=ppo"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# @package algo") and "name: ppo" in out and "train:" not in out
+    assert cli.main(["-c", "hydra", "--resolve", "-p", "hydra.run", "hydra.run.dir=runs/${hydra:job.name}"]) == 0
+    assert "dir: runs/rlhf" in capsys.readouterr().out
+    assert cli.main(["--info", "defaults", "model=qwen2.5-0.5b"]) == 0
+    out = capsys.readouterr().out
+    assert "model/qwen2.5-0.5b" in out and "model_defaults/qwen2.5-0.5b" in out
+    assert cli.main(["--info", "plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "OptunaSweeper" in out and "SlurmLauncher" in out
+
+
+@pytest.mark.parametrize("argv,parts", [
+    (["--cfg", "jobs"], ["--cfg jobs: choose one of job, hydra, all"]),
+    (["--cfg", "job", "algo.lrr=1"], ["algo.lrr is not a config key", "Did you mean algo.lr?"]),
+    (["hydra/launcher=joblib", "--plan"], ["hydra/launcher 'joblib' not found", "submitit_slurm",
+                                           "pip install hydra-joblib-launcher"]),
+    (["-m", "hydra/sweeper=optuna", "algo.lrr=interval(1e-6,1e-3)", "--plan"], ["algo.lrr is not a config key"]),
+])
+def test_config_errors_around_hydra_flags_exit_2(argv, parts, capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and "Traceback" not in err and out == ""
+    for part in parts:
+        assert part in err, err
+
+
+def test_shell_completion_installs_and_completes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = subprocess.run([sys.executable, "-m", "rlhf.cli", "-sc", "install=bash"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=120)
+    assert script.returncode == 0 and "hydra_bash_completion()" in script.stdout and "complete " in script.stdout
+    line = "rlhf-run hardware="
+    query = subprocess.run([sys.executable, "-m", "rlhf.cli", "-sc", "query=bash"], capture_output=True, text=True,
+                           cwd=tmp_path, env={**env, "COMP_LINE": line, "COMP_POINT": str(len(line))}, timeout=120)
+    assert query.returncode == 0, query.stderr
+    assert {f"hardware={h}" for h in cli.group_options("hardware")} <= set(query.stdout.split())
+
+
+def test_hydra_run_dir_and_job_chdir(recording_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*ARGV, "hydra.run.dir=mine/${now:%Y}"]) == 0
+    spec, cwd = recording_run[-1]
+    assert Path(spec.output_dir).parent == Path("mine") and Path(spec.output_dir, "config.yaml").is_file()
+    assert cli.main([*ARGV, "hydra.job.chdir=true"]) == 0
+    spec, cwd = recording_run[-1]
+    assert os.path.isabs(spec.output_dir) and cwd == spec.output_dir  # the job ran inside its run dir
+    assert os.getcwd() == str(tmp_path)  # and the driver is back where it was
+
+
+def test_help_shows_ours_and_hydras(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--plan" in out and "resume=DIR" in out
+    for flag in ("--cfg", "--resolve", "--package", "--info", "--shell-completion", "hydra.run.dir", "hydra.job.chdir",
+                 "hydra/sweeper=optuna", "hydra/launcher=submitit_slurm"):
+        assert flag in out, flag
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def test_a_slurm_sweep_composes_and_plans(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    slurm = ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=8",
+             "hydra.launcher.timeout_min=600"]
+    assert cli.main(["--cfg", "hydra", "-p", "hydra.launcher", *slurm]) == 0
+    out = capsys.readouterr().out
+    assert "_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in out
+    assert "partition: gpu" in out and "gpus_per_node: 8" in out
+    argv = ["-m", *slurm, "model=llama3-8b", "hardware=8xh100", "algo.lr=1e-6,2e-6", "--plan"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("run: grpo · hybrid · llama3-8b · 8xh100") == 2 and "sweep: 2 jobs, 2 ok, 0 failed" in out
+    assert not (tmp_path / "multirun").exists()
+
+
+# ----------------------------------------------------------------------------- Optuna
+
+
+def test_an_optuna_search_records_failed_trials_and_reports_the_best(tmp_path, monkeypatch, capsys):
+    """The real sweeper with a stand-in for training: the objective is train.steps (read back from
+    metrics.jsonl), steps=2 fails; every trial is a job, the failed ones recorded, the best reported."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+
+    def execute(spec, checked=False):
+        if spec.train.steps == 2:
+            return 3
+        Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+        rows = [{"step": i, "reward/mean": float(spec.train.steps) + (i == 9)} for i in range(10)]
+        Path(spec.output_dir, "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
+
+    monkeypatch.setattr(cli, "execute", execute)
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [])
+    argv = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "hydra.sweeper.n_trials=8",
+            "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=1", f"hydra.sweep.dir={tmp_path / 's'}",
+            "train.steps=choice(1,2,4)", "tracking.backend=none"]
+    assert cli.main(argv) == 1  # some trials failed
+    out = capsys.readouterr().out
+    results = yaml.safe_load((tmp_path / "s" / "sweep_results.yaml").read_text())
+    assert len(results) == 8
+    steps = [int(next(o for o in r["overrides"] if o.startswith("train.steps=")).split("=")[1]) for r in results]
+    assert 2 in steps and 4 in steps  # seed 1 samples every choice
+    for r, s in zip(results, steps):
+        assert r["status"] == ("failed" if s == 2 else "ok")
+        assert r["objective"] == (None if s == 2 else s + 0.5)  # the mean of the last fifth (2 of 10 rows)
+    best = yaml.safe_load((tmp_path / "s" / "optimization_results.yaml").read_text())
+    assert best["best_params"] == {"train.steps": 4} and best["best_value"] == 4.5
+    assert "best: train.steps=4  objective 4.5 (job #" in out and "sweep: 8 jobs, " in out
+
+
+@pytest.fixture(scope="module")
+def optuna_sweep(tmp_path_factory):
+    """recipe=grpo_tiny_optuna at 5 steps a trial: 4 trials in one Ray cluster, tracked in MLflow."""
+    from rlhf.sweep import multirun_main
+
+    tmp = tmp_path_factory.mktemp("optuna")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    old = os.getcwd()
+    os.chdir(tmp)
+    old_cache = os.environ.get("RLHF_CACHE")
+    os.environ["RLHF_CACHE"] = str(tmp / "cache")
+    try:
+        args = cli.parse_args(["-m", "recipe=grpo_tiny_optuna", "train.steps=5", "tracking.console=none",
+                               f"tracking.uri={uri}", "tracking.experiment=optuna", f"hydra.sweep.dir={tmp / 'sweep'}"])
+        code = multirun_main(args)
+    finally:
+        os.chdir(old)
+        if old_cache is None:
+            os.environ.pop("RLHF_CACHE", None)
+        else:
+            os.environ["RLHF_CACHE"] = old_cache
+    return {"code": code, "uri": uri, "dir": tmp / "sweep"}
+
+
+@pytest.mark.timeout(900)
+def test_optuna_search_of_grpo_tiny_in_mlflow(optuna_sweep):
+    from mlflow.tracking import MlflowClient
+
+    assert optuna_sweep["code"] == 0
+    results = yaml.safe_load((optuna_sweep["dir"] / "sweep_results.yaml").read_text())
+    assert len(results) == 4 and all(r["status"] == "ok" for r in results)
+    lrs = {next(o for o in r["overrides"] if o.startswith("algo.lr=")) for r in results}
+    assert len(lrs) == 4  # four sampled learning rates, each within the recipe's interval
+    assert all(1e-3 <= float(x.split("=")[1]) <= 2e-2 for x in lrs)
+
+    client = MlflowClient(tracking_uri=optuna_sweep["uri"])
+    exp = client.get_experiment_by_name("optuna")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    by_job = {int(c.data.tags["rlhf.sweep_job"]): c for c in children}
+    objectives = [r["objective"] for r in results]
+    for r in results:  # each child ran its trial's values; the parent holds its objective
+        assert float(by_job[r["index"]].data.params["algo.lr"]) == float(
+            next(o for o in r["overrides"] if o.startswith("algo.lr=")).split("=")[1])
+    history = client.get_metric_history(parent.info.run_id, "sweep/objective")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]
+    assert sorted(m.value for m in history) == pytest.approx(sorted(objectives))
+    best = yaml.safe_load((optuna_sweep["dir"] / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(max(objectives))  # direction: maximize
+    params = parent.data.params
+    assert float(params["best.algo.lr"]) == pytest.approx(best["best_params"]["algo.lr"])
+    assert float(params["best.algo.kl.coef"]) == pytest.approx(best["best_params"]["algo.kl.coef"])
+    assert parent.data.metrics["sweep/best_objective"] == pytest.approx(max(objectives))
+    best_job = int(parent.data.tags["rlhf.best_job"])
+    assert objectives[best_job] == pytest.approx(max(objectives))
