@@ -347,7 +347,7 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
 
 
 def _engines_within_nodes(p: list[str], hw: Any, counts: dict[str, int], tp: int) -> None:
-    """Disaggregated engines take the last devices (rlhf.spec.build.plan_layout); a TP group must
+    """Disaggregated engines take the last devices (rlhf.spec.layout.plan_layout); a TP group must
     not cross a node boundary."""
     dpn = hw.devices_per_node
     start = sum(counts.values()) - counts["rollout"]
