@@ -220,7 +220,8 @@ def _main_thread() -> bool:
 
 
 def _dead_worker(e: BaseException, cluster) -> str | None:
-    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role."""
+    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role
+    (and its node when there are several; a lost node is named with every rank it held)."""
     try:
         from ray.exceptions import RayActorError
     except ImportError:  # pragma: no cover
@@ -250,7 +251,62 @@ def _dead_worker(e: BaseException, cluster) -> str | None:
                 else " No checkpoint was written yet."
         except Exception:  # noqa: BLE001
             pass
+    k = _worker_node(cluster, roles[0], rank) if roles else None
+    if k is not None:
+        lost = _lost_node(cluster, k, actor_id)
+        if lost is not None:  # Ray's cause would only say "its node has died"
+            return f"{lost} was lost during the run. Cluster shut down.{ckpt}"
+        who += f" on node {k}"
     return f"{who} died during the run ({cause}). Cluster shut down.{ckpt}"
+
+
+def _worker_node(cluster, role: str, rank: int) -> int | None:
+    """The plan node of a role's rank, when the run has several nodes."""
+    if cluster is None or not cluster.nodes:
+        return None
+    from rlhf.spec.nodes import node_of, rank_devices
+
+    return node_of(cluster.spec, rank_devices(cluster.spec)[role][rank])
+
+
+def _lost_node(cluster, k: int, actor_id: str, wait_s: float = 30.0) -> str | None:
+    """The subject of the error line, node K (Ray node ..., holding <its ranks>), when plan node
+    ``k``, where the dead worker ran, is gone; None when the worker alone died.
+
+    The GCS marks a node dead before the actors on it, and a worker that crashed on a live node
+    is marked dead by its raylet: once the actor table says DEAD, the node table says whether
+    the node went with it. The wait covers an actor whose death is not recorded yet.
+    """
+    from rlhf.spec.nodes import node_ranks
+
+    spec, node_id = cluster.spec, cluster.nodes[k]
+    try:
+        import ray
+        from ray._private import state
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            actor_dead = (state.actors(actor_id=actor_id) or {}).get("State") == "DEAD"
+            info = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
+            if not info.get("Alive", True):
+                break
+            if actor_dead or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001  (no answer from Ray: report the worker alone)
+        return None
+    held = []
+    for r, ranks in node_ranks(spec)[k].items():
+        what = f"{spec.rollout_engine} engine" if r == "rollout" else f"{r} rank"
+        held.append(f"{what}{'s' if len(ranks) > 1 else ''} {_span(ranks)}")
+    held_s = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
+    return f"node {k} (Ray node {node_id[:8]} at {info.get('NodeManagerAddress', '?')}, holding {held_s})"
+
+
+def _span(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def _user_error_inside(e: BaseException):

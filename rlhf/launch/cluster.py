@@ -10,6 +10,11 @@ take turns on the same cores anyway, and each extra process costs seconds of imp
 
 On CPU a "device" is a worker slot: a bundle of 1 CPU. Ray is started with at least as many
 logical CPUs as slots (logical CPUs only gate scheduling; the processes share the real cores).
+
+Several nodes (``hardware.nodes`` > 1): plan node 0 is the Ray node the driver runs on, the others
+follow in address order among the nodes that hold ``devices_per_node`` devices; each bundle carries
+a label selector for the node of its device (``rlhf.spec.nodes``), so the placement is the one
+``--plan`` prints and a rollout engine's TP group never spans nodes.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 
 from rlhf.launch.colocate import Host, RoleHandle, can_colocate
 from rlhf.launch.group import ActorGroup, spawn_actor, worker_env
+from rlhf.spec.errors import UserError
+from rlhf.spec.nodes import node_of, rank_devices
 
 ROLE_CLASSES = {
     "actor": ("rlhf.workers.train", "PolicyWorker"),
@@ -47,6 +54,7 @@ class Cluster:
     groups: dict[str, ActorGroup] = field(default_factory=dict)
     placement_groups: list = field(default_factory=list)
     started_ray: bool = False
+    nodes: list[str] = field(default_factory=list)  # Ray node id of each plan node (several nodes only)
 
     @property
     def actor(self) -> Optional[ActorGroup]:
@@ -134,44 +142,86 @@ def start_cluster(spec: Any) -> Cluster:
     return cluster
 
 
-def _role_devices(spec: Any) -> dict[str, tuple[int, ...]]:
-    """role -> devices of its ranks (rollout: the first device of each engine)."""
-    out = {r: tuple(spec.layout.roles[r]) for r in spec.roles if r != "rollout"}
-    if "rollout" in spec.roles:
-        out["rollout"] = tuple(e[0] for e in spec.layout.engines)
-    return out
+def ray_nodes(spec: Any) -> list[str]:
+    """The Ray node id of each plan node: the driver's node first, then the others by address.
+
+    Only nodes with a whole node's devices count (``devices_per_node`` GPUs and CPUs; on CPU,
+    that many CPUs as worker slots). Too few: a UserError naming both counts, raised before any
+    placement group exists.
+    """
+    hw = spec.hardware
+    need = {"CPU": float(hw.devices_per_node)}
+    if spec.device != "cpu":
+        need["GPU"] = float(hw.devices_per_node)
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    here = ray.get_runtime_context().get_node_id()
+    fit = [n for n in alive if all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())]
+    fit.sort(key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
+    if len(fit) < hw.nodes:
+        what = " and ".join(f"{int(v)} {k}s" for k, v in sorted(need.items(), reverse=True))
+        seen = "; ".join(f"{n['NodeManagerAddress']} {n['NodeID'][:8]}: "
+                         + ", ".join(f"{n['Resources'].get(k, 0.0):g} {k}" for k in sorted(need, reverse=True))
+                         for n in alive)
+        raise UserError(
+            f"hardware={hw.name} needs {hw.nodes} nodes with {what} each, but the Ray cluster has "
+            f"{len(fit)} such node{'s' if len(fit) != 1 else ''} ({seen}). Start Ray on more nodes "
+            f"(docs/multinode.md), or set hardware.nodes={max(len(fit), 1)}.")
+    return [n["NodeID"] for n in fit[:hw.nodes]]
 
 
-def _reserve(spec: Any, cluster: Cluster, n: int):
-    """A placement group of ``n`` device bundles, ready (the cluster removes it at shutdown)."""
-    pg = placement_group([_bundle(spec) for _ in range(n)], strategy="PACK")
+def _reserve(spec: Any, cluster: Cluster, devices) -> Any:
+    """A placement group with one bundle per device in ``devices`` (global indices), each on its
+    plan node when there are several; ready (the cluster removes it at shutdown)."""
+    kwargs = {}
+    if cluster.nodes:
+        kwargs["bundle_label_selector"] = [{NODE_ID_LABEL_KEY: cluster.nodes[node_of(spec, d)]} for d in devices]
+    pg = placement_group([_bundle(spec) for _ in devices], strategy="PACK", **kwargs)
     cluster.placement_groups.append(pg)
     ray.get(pg.ready(), timeout=120)
     return pg
 
 
+def reserve(spec: Any, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int, ...]]]]:
+    """Placement groups for ``spec.layout``, ready: role -> for each rank, (placement group, the
+    bundles of its devices; a rollout engine's are its TP group)."""
+    if spec.hardware.nodes > 1:
+        cluster.nodes = ray_nodes(spec)
+    lay = spec.layout
+    if lay.mode == "hybrid":  # one group; bundle d is device d
+        pg = _reserve(spec, cluster, range(lay.total_devices))
+        out = {r: [(pg, (d,)) for d in lay.roles[r]] for r in spec.roles if r != "rollout"}
+        if "rollout" in spec.roles:
+            out["rollout"] = [(pg, tuple(e)) for e in lay.engines]
+        return out
+    out = {}
+    for role in spec.roles:  # a group per role; bundle i is the role's i-th device
+        if role == "rollout":
+            pg = _reserve(spec, cluster, [d for e in lay.engines for d in e])
+            tp = lay.rollout_tp
+            out[role] = [(pg, tuple(range(i * tp, (i + 1) * tp))) for i in range(len(lay.engines))]
+        else:
+            pg = _reserve(spec, cluster, lay.roles[role])
+            out[role] = [(pg, (i,)) for i in range(len(lay.roles[role]))]
+    return out
+
+
 def _place(spec: Any, cluster: Cluster) -> None:
-    devices = _role_devices(spec)
+    slots = reserve(spec, cluster)
     unit = "CPU" if spec.device == "cpu" else "GPU"
-    if spec.layout.mode == "hybrid":
+    if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there
         n = spec.layout.total_devices
-        pg = _reserve(spec, cluster, n)
-        if can_colocate(spec):  # CPU: one process per device holds every role's rank there
-            hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in devices})
-                     for d in range(n)]
-            for role in devices:
-                cluster.groups[role] = ActorGroup(role, [RoleHandle(h, role) for h in hosts])
-            return
-        sharing = {d: sum(1 for r in devices if d in devices[r]) for d in range(n)}
-        for role, devs in devices.items():
-            share = 1.0 / max(sharing[d] for d in devs)
-            res = {unit: share} if unit == "CPU" else {"GPU": share, "CPU": share}
-            cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, d) for d in devs], res)
-    else:
-        for role, devs in devices.items():
-            # rollout engines take TP-many devices each; one bundle per device of the role
-            n = len(spec.layout.roles[role]) if role != "rollout" else sum(len(e) for e in spec.layout.engines)
-            pg = _reserve(spec, cluster, n)
-            step = 1 if role != "rollout" else spec.layout.rollout_tp
-            res = {unit: 1.0} if unit == "CPU" else {"GPU": 1.0, "CPU": 1.0}
-            cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, i * step) for i in range(len(devs))], res)
+        pg = cluster.placement_groups[0]
+        hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in slots})
+                 for d in range(n)]
+        for role in slots:
+            cluster.groups[role] = ActorGroup(role, [RoleHandle(h, role) for h in hosts])
+        return
+    devices = rank_devices(spec)
+    sharing = {}  # hybrid: roles per device, each takes an equal share of it
+    for devs in devices.values():
+        for d in devs:
+            sharing[d] = sharing.get(d, 0) + 1
+    for role, ranks in slots.items():
+        share = 1.0 / max(sharing[d] for d in devices[role]) if spec.layout.mode == "hybrid" else 1.0
+        res = {unit: share} if unit == "CPU" else {"GPU": share, "CPU": share}
+        cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, b[0]) for pg, b in ranks], res)

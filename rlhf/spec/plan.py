@@ -203,6 +203,8 @@ def render_plan(spec: Any) -> str:
         i, devs = item
         tp = f" (TP {len(devs)})" if len(devs) > 1 else ""
         lines.append(f"  device {_ranges(devs)}: {spec.rollout_engine} engine {i}{tp}")
+    if hw.nodes > 1:
+        lines.extend(_node_lines(spec))
 
     est = estimate(spec)
     if gpu:
@@ -224,6 +226,26 @@ def render_plan(spec: Any) -> str:
     if gpu:
         lines.append("✓ fits" if fits(spec, est) else "✗ does not fit (see above)")
     return "\n".join(lines)
+
+
+def _node_lines(spec: Any) -> list[str]:
+    """The per-node map: which ranks of each role each node holds (as the launcher reserves them)."""
+    from rlhf.spec.nodes import node_ranks
+
+    hw = spec.hardware
+    unit = "GPUs" if hw.accelerator == "cuda" else "CPU slots"
+    out = [f"nodes ({hw.nodes} × {hw.devices_per_node} {unit}; the driver's Ray node is node 0):"]
+    for k, held in enumerate(node_ranks(spec)):
+        devs = tuple(range(k * hw.devices_per_node, (k + 1) * hw.devices_per_node))
+        parts = []
+        for role, ranks in held.items():
+            if role == "rollout":
+                tp = f" (TP {spec.layout.rollout_tp})" if spec.layout.rollout_tp > 1 else ""
+                parts.append(f"{spec.rollout_engine} engine{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}{tp}")
+            else:
+                parts.append(f"{role} rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}")
+        out.append(f"  node {k} (devices {_ranges(devs)}): {', '.join(parts) or 'idle'}")
+    return out
 
 
 def _hub_lines(spec: Any) -> list[str]:

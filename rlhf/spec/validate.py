@@ -209,6 +209,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
                 f"to rollout engines (placement.rollout.engines={pl.rollout.engines}). "
                 f"Use tensor_parallel {', '.join(str(d) for d in ok)}, or engines × tensor_parallel devices."
             )
+        elif tp > 1 and need <= total and "rollout" in counts:
+            _engines_within_nodes(p, hw, counts, tp)
         for r in ("critic", "reference", "reward"):
             if r not in roles and getattr(pl, r):
                 p.append(
@@ -342,6 +344,23 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
             f"rollout.max_response_tokens = {seq} tokens). Use train.max_tokens_per_micro_batch={seq} or more, "
             f"or null (= train.micro_batch_size × {seq})."
         )
+
+
+def _engines_within_nodes(p: list[str], hw: Any, counts: dict[str, int], tp: int) -> None:
+    """Disaggregated engines take the last devices (rlhf.spec.layout.plan_layout); a TP group must
+    not cross a node boundary."""
+    dpn = hw.devices_per_node
+    start = sum(counts.values()) - counts["rollout"]
+    for i in range(counts["rollout"] // tp):
+        first, last = start + i * tp, start + (i + 1) * tp - 1
+        if first // dpn != last // dpn:
+            before = ", ".join(f"placement.{r}={n}" for r, n in counts.items() if r != "rollout")
+            p.append(
+                f"placement.rollout.tensor_parallel={tp}: rollout engine {i} would take devices {first}-{last}, "
+                f"on nodes {first // dpn} and {last // dpn} of hardware={hw.name}, but tensor parallelism does not "
+                f"cross nodes. Give the other roles ({before}) a multiple of {tp} devices in all."
+            )
+            return
 
 
 def _lora_problems(p: list[str], s: dict[str, Any]) -> None:
