@@ -30,12 +30,14 @@ from rlhf.workers.sync_cuda import TrainerSyncMixin, TrainStateMixin
 Stats = dict[str, tuple[float, float]]
 
 
-def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, optimizer: bool = True) -> dict:
+def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, world_size: int, optimizer: bool = True) -> dict:
+    """DeepSpeed's config for a role of ``world_size`` ranks (the critic, the reference may have
+    fewer than the actor: DeepSpeed checks micro × accumulation × ranks = batch)."""
     b = spec.batch
     cfg: dict = {
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": b.grad_accum,
-        "train_batch_size": b.micro_batch_size * b.grad_accum * b.train_world_size,
+        "train_batch_size": b.micro_batch_size * b.grad_accum * world_size,
         "gradient_clipping": max_grad_norm,
         "zero_optimization": {"stage": spec.train.zero_stage},
         "bf16": {"enabled": spec.model.dtype == "bfloat16"},
@@ -103,6 +105,11 @@ class _Model(Worker):
         tok = load_tokenizer(path)
         torch.manual_seed(self.spec.train.seed)  # new heads (critic, reward) start identical everywhere
         model = load_model(path, kind or self.kind, self.load_dtype(), pad_token_id=tok.pad_token_id)
+        # no dropout anywhere (a token-classification head has 0.1 by default): log-probs and values
+        # must be one function of the weights, the same on every rank and in every pass
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
         if self.spec.model.liger_kernels:
             from rlhf.models.load import apply_liger
 
@@ -277,7 +284,7 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         opt = _optimizer(self.spec, params, algo.lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
-            config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm),
+            config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm, self.world_size),
         )
         self.temperature = self.spec.rollout.temperature
 
@@ -502,7 +509,7 @@ class CriticWorker(TrainStateMixin, _Model):
         opt = _optimizer(self.spec, model.parameters(), critic.lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, critic.warmup_steps),
-            config=_ds_config(self.spec, critic.warmup_steps, self.spec.algo.max_grad_norm),
+            config=_ds_config(self.spec, critic.warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
         )
 
     def _values(self, packed: dict) -> torch.Tensor:
@@ -584,7 +591,7 @@ class ReferenceWorker(_Model):
         if self.spec.train.zero_stage == 3:
             import deepspeed
 
-            cfg = _ds_config(self.spec, 0, 0.0, optimizer=False)
+            cfg = _ds_config(self.spec, 0, 0.0, self.world_size, optimizer=False)
             engine, *_ = deepspeed.initialize(model=model, config=cfg)
             return engine
         return model.to(self.torch_device())
