@@ -87,14 +87,7 @@ class RunLock:
             if not same:
                 os.close(fd)
                 continue
-            previous = _read(fd)
-            self._write(fd)
-            self._fd = fd
-            if previous:
-                print(f"warning: output_dir={self.run_dir} was locked by {describe(previous)}, which is no longer "
-                      "running: taking it over.", file=sys.stderr, flush=True)
-                return previous
-            return None
+            return self._take(fd, _read(fd))
 
     def _owner_of(self, fd: int) -> dict:
         """The holder's record; it writes it right after locking, so wait a moment for it."""
@@ -114,6 +107,11 @@ class RunLock:
                 f"output_dir={self.run_dir} is in use by another run: {describe(previous)}. Give this run another "
                 f"output_dir=<path>, or wait for that one to finish (or delete {self.path} if it is gone)."
             )
+        return self._take(fd, previous)
+
+    def _take(self, fd: int, previous: dict) -> Optional[dict]:
+        """Hold the lock through ``fd`` with this run's record; a stale owner's record is returned
+        (and named in a warning)."""
         self._write(fd)
         self._fd = fd
         if previous:

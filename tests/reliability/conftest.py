@@ -62,3 +62,20 @@ def assert_clear(message: str, *parts: str) -> None:
 
 
 from tests.rl.conftest import rl_env  # noqa: E402,F401  (one local Ray for the fault tests)
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``marker`` (e.g. ``RLHF_TEST_MARK=x``):
+    what a run started, found again after it ended or was killed."""
+    from pathlib import Path
+
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes():
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out

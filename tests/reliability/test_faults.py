@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability.conftest import marked_pids
+
 from tests.rl.conftest import leftovers, run_rl, snapshot
 
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
@@ -102,19 +104,6 @@ def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, c
     assert leftovers(*before) == ([], [])
 
 
-def _marked_pids(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes():
-                out.append(int(d.name))
-        except OSError:
-            pass
-    return out
-
-
 def test_stop_request_first_signal_waits_second_stops_now():
     from rlhf.run import StopRequest, Terminated
 
@@ -162,7 +151,7 @@ def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes
                 break
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert marker.split("=", 1)[1] and _marked_pids(marker)  # its Ray processes are there
+        assert marker.split("=", 1)[1] and marked_pids(marker)  # its Ray processes are there
         proc.send_signal(signal.SIGINT)
         stdout, err = proc.communicate(timeout=120)
     finally:
@@ -173,9 +162,9 @@ def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes
     assert "interrupted: cleaning up" in err
     assert "Traceback" not in err, err[-3000:]
     deadline = time.monotonic() + 30
-    while _marked_pids(marker) and time.monotonic() < deadline:
+    while marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = _marked_pids(marker)
+    left = marked_pids(marker)
     assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(len(steps))) and STOP_AFTER <= len(steps) < 200

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import assert_clear
+from tests.reliability.conftest import assert_clear, marked_pids
 
 STEPS = 3
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
@@ -33,18 +33,6 @@ TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micr
        "tracking.console=plain", "ray.num_cpus=2"]  # MLflow tracking on: the default sqlite store
 TIMING = ("time/", "throughput/", "perf/")
 REPO = str(Path(__file__).resolve().parents[2])
-
-
-def _marked(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker.encode() in (d / "environ").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                pass
-    return out
 
 
 def _owner(lock: Path):
@@ -95,7 +83,7 @@ def scene(rl_env, tmp_path_factory):
         _wait(lambda: _owner(lock) == killed.pid, 300, "the first run's lock", [killed])
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(timeout=60)
-        for pid in _marked(marker):  # anything it had started (it is killed before Ray starts, as a rule)
+        for pid in marked_pids(marker):  # anything it had started (it is killed before Ray starts, as a rule)
             os.kill(pid, signal.SIGKILL)
         s["killed_pid"] = killed.pid
 
@@ -112,16 +100,16 @@ def scene(rl_env, tmp_path_factory):
         s["untouched"] = kept == {n: ((shared / n).read_bytes(), (shared / n).stat().st_mtime_ns) for n in kept}
         s["r1"], s["r2"] = r1.wait(timeout=600), r2.wait(timeout=600)
         deadline = time.monotonic() + 30
-        while _marked(marker) and time.monotonic() < deadline:
+        while marked_pids(marker) and time.monotonic() < deadline:
             time.sleep(0.5)
-        s["left"] = _marked(marker)
+        s["left"] = marked_pids(marker)
         yield s
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        for pid in _marked(marker):
+        for pid in marked_pids(marker):
             os.kill(pid, signal.SIGKILL)
 
 
