@@ -476,18 +476,19 @@ class _StatSums:
         self.weights[name] = self.weights.get(name, 0.0) + weight
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
-        """The rollout engine's sampled-token log-probs against the trainer's (same measures as
-        ``rlhf.workers.rollout_vllm.logprob_mismatch``)."""
-        keep = mask != 0
-        n = float(keep.sum())
+        """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch
+        (``rlhf.rollout.vllm.logprob_mismatch``), weighted by its policy tokens."""
+        from rlhf.rollout.vllm import logprob_mismatch
+
+        n = float((mask != 0).sum())
         if n == 0:
             return
-        d = (trainer_logp.double() - rollout_logp.double())[keep]
-        self.add("mismatch/logp_abs_mean", float(d.abs().mean()), n)
-        self.add("mismatch/kl_k3", float((torch.exp(d.clamp(-20, 20)) - 1 - d).mean()), n)
-        m = float(d.abs().max())
-        self.sums["mismatch/logp_abs_max"] = max(self.sums.get("mismatch/logp_abs_max", 0.0), m)
-        self.weights["mismatch/logp_abs_max"] = 1.0
+        m = logprob_mismatch(rollout_logp, trainer_logp, mask)
+        self.add("mismatch/logp_abs_mean", m["mismatch/logp_abs_mean"], n)
+        self.add("mismatch/kl_k3", m["mismatch/kl_k3"], n)
+        key = "mismatch/logp_abs_max"
+        self.sums[key] = max(self.sums.get(key, 0.0), m[key])
+        self.weights[key] = 1.0
 
     def result(self) -> Stats:
         return {k: (self.sums[k], self.weights[k]) for k in self.sums}
