@@ -257,7 +257,21 @@ def _dead_worker(e: BaseException, cluster) -> str | None:
         if lost is not None:  # Ray's cause would only say "its node has died"
             return f"{lost} was lost during the run. Cluster shut down.{ckpt}"
         who += f" on node {k}"
+    gpus = _worker_gpus(cluster, roles[0], rank) if roles else None
+    if gpus:
+        who += f", {gpus},"
     return f"{who} died during the run ({cause}). Cluster shut down.{ckpt}"
+
+
+def _worker_gpus(cluster, role: str, rank: int) -> str | None:
+    """``GPU 3`` (``GPUs 4-7`` for a tensor-parallel engine), numbered within its node, on a GPU run."""
+    spec = getattr(cluster, "spec", None)
+    if spec is None or spec.device != "cuda":
+        return None
+    per_node = spec.hardware.devices_per_node
+    devs = tuple(spec.layout.engines[rank]) if role == "rollout" else (spec.layout.roles[role][rank],)
+    local = tuple(d % per_node for d in devs)
+    return f"GPU {local[0]}" if len(local) == 1 else f"GPUs {_span(local)}"
 
 
 def _worker_node(cluster, role: str, rank: int) -> int | None:
