@@ -5,7 +5,7 @@ fixed response length (``ignore_eos``), temperature 1, sampled-token logprobs on
 
 * standalone: ``LLM(**kwargs).generate(TokensPrompt..., SamplingParams(...))`` in this process, with
   vLLM's defaults otherwise (its engine core in a child process);
-* framework: a ``VLLMEngine`` Ray actor (``rlhf.workers.rollout_vllm``); one step = the driver's
+* framework: a ``VLLMEngine`` Ray actor (``rlhf.rollout.vllm``); one step = the driver's
   ``engine.generate.remote(prompt_ids, Sampling(...))`` returning ``Sample`` objects through Ray,
   plus collating them into the training batch (``rlhf.data.batch.collate``) when that module exists.
   Variants: engine core in the actor process (the default: CUDA IPC weight sync opens handles there)
@@ -45,7 +45,7 @@ def main() -> None:
     import ray
     import torch
 
-    from rlhf.workers.rollout_vllm import EngineConfig, VLLMEngine
+    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
 
     model = make_random_model(f"/tmp/rlhf-gpu/models/{args.preset}-random", args.preset)
     capture = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]

@@ -32,7 +32,7 @@ def main() -> None:
     import ray
     import torch
 
-    from rlhf.workers.rollout_vllm import EngineConfig, VLLMEngine
+    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
 
     ngpu = 1 if args.mode == "ipc" else 2
     if torch.cuda.device_count() < ngpu:
