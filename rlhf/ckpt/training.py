@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+from rlhf.workers.train import CriticWorker, PolicyWorker
 
 TRAINED_ROLES = ("actor", "critic")
 
@@ -55,9 +56,9 @@ def save(spec: Any, ckpt: CheckpointManager, step: int, cluster: Any, driver_sta
                          cleanup=lambda: ckpt.abort(where)):
         tmp = ckpt.begin(step)
         for g in _groups(cluster):
-            g.call("save_state", str(tmp))
+            g.call(PolicyWorker.save_state, str(tmp))  # every trained role's
             if spec.checkpoint.save_hf:
-                g.call("save_hf", str(tmp / g.role / "hf"))
+                g.call(PolicyWorker.save_hf, str(tmp / g.role / "hf"))
         torch.save({**driver_state, "rng": rng_state()}, tmp / "driver.pt")
         return ckpt.commit(tmp, step, metrics)
 
@@ -82,7 +83,7 @@ def restore(info: CheckpointInfo, cluster: Any) -> dict:
     from rlhf.ckpt.state import set_rng_state
 
     for g in _groups(cluster):
-        g.call("load_state", str(info.path))
+        g.call(PolicyWorker.load_state, str(info.path))
     state = torch.load(info.path / "driver.pt", weights_only=False)
     set_rng_state(state.pop("rng"))
     return state
@@ -92,9 +93,9 @@ def export_final(spec: Any, cluster: Any, run_dir: str) -> str:
     """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready."""
     final = Path(run_dir) / "final"
     with exporting(run_dir, final / "hf", final / "critic_hf"):
-        cluster.actor.call("save_hf", str(final / "hf"))
+        cluster.actor.call(PolicyWorker.save_hf, str(final / "hf"))
         if cluster.critic is not None:
-            cluster.critic.call("save_hf", str(final / "critic_hf"))
+            cluster.critic.call(CriticWorker.save_hf, str(final / "critic_hf"))
     return str(final / "hf")
 
 

@@ -79,6 +79,7 @@ def shards(batch: Batch, world: int) -> list[Batch]:
     return [select(batch, slice(r * per, (r + 1) * per if r < world - 1 else n)) for r in range(world)]
 
 
-def dp_forward(group: Any, method: str, batch: Batch) -> torch.Tensor:
-    """Split rows over an actor group's ranks, run ``method`` on each shard, concatenate."""
+def dp_forward(group: Any, method: Any, batch: Batch) -> torch.Tensor:
+    """Split rows over an actor group's ranks, run ``method`` (a worker method, e.g.
+    ``ReferenceWorker.logprobs``) on each shard, concatenate."""
     return torch.cat(group.scatter(method, shards(batch, group.world_size)))

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import ray
 
 from rlhf.launch.colocate import RoleHandle
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+# A worker method, best given by reference (``PolicyWorker.update``) so that a reader's "find
+# callers" finds the call; a name still works.
+Method = Union[Callable[..., Any], str]
+
+
+def method_name(method: Method) -> str:
+    """The name a Ray actor handle knows ``method`` by."""
+    return method if isinstance(method, str) else method.__name__
 
 
 def worker_env(spec: Any) -> dict[str, str]:
@@ -77,18 +86,21 @@ class ActorGroup:
         addr, port = ray.get(self.workers[0].address.remote())
         return [w.init_distributed.remote(addr, port) for w in self.workers]
 
-    def call_async(self, method: str, *args, **kwargs) -> list:
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+    def call_async(self, method: Method, *args, **kwargs) -> list:
+        """``method`` (e.g. ``PolicyWorker.save_hf``) on every rank; the result refs, rank order."""
+        name = method_name(method)
+        return [getattr(w, name).remote(*args, **kwargs) for w in self.workers]
 
-    def call(self, method: str, *args, **kwargs) -> list:
+    def call(self, method: Method, *args, **kwargs) -> list:
         return ray.get(self.call_async(method, *args, **kwargs))
 
-    def scatter_async(self, method: str, shards: Sequence[Any], *args, **kwargs) -> list:
+    def scatter_async(self, method: Method, shards: Sequence[Any], *args, **kwargs) -> list:
         """Rank i gets ``shards[i]`` as its first argument."""
         assert len(shards) == len(self.workers)
-        return [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
+        name = method_name(method)
+        return [getattr(w, name).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
 
-    def scatter(self, method: str, shards: Sequence[Any], *args, **kwargs) -> list:
+    def scatter(self, method: Method, shards: Sequence[Any], *args, **kwargs) -> list:
         return ray.get(self.scatter_async(method, shards, *args, **kwargs))
 
     def kill(self) -> None:

@@ -4,11 +4,13 @@ One step, top to bottom:
 
     prompts   → rollout engines sample group_size responses each (seeded per prompt)
               → reward functions (+ reward model) score them; dynamic sampling may resample
+              → schedule.to_train() (hybrid GPU: vLLM sleeps, DeepSpeed's states come back)
               → reference log-probs (KL), old log-probs (off-policy steps / KL in reward),
                 critic values (PPO)
               → advantages (rlhf.algos.objective: overlong penalty, KL in reward, estimator, whitening)
               → policy update (+ critic update), mini-batches × epochs, split over DP ranks
-              → weight sync to the rollout engines → metrics → checkpoint hook
+              → schedule.to_generate(): weight sync to the rollout engines (hybrid GPU: and
+                the device back to vLLM; rlhf.workers.schedule) → metrics → checkpoint hook
 
 Everything placement- or device-specific is behind ``cluster``; all math is in ``rlhf.algos``.
 """
@@ -32,7 +34,8 @@ from rlhf.rewards import Rewards
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.rollout.prompts import score_samples, tokenize_prompts
-from rlhf.workers.sync import make_sync
+from rlhf.workers.schedule import make_schedule
+from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker
 
 
 class Phases:
@@ -75,10 +78,10 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     rewards = Rewards(spec.reward)
     kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
               else algos.FixedKLController(algo.kl.coef))
-    sync = make_sync(spec, cluster)
+    schedule = make_schedule(spec, cluster)  # generation first: vLLM awake, DeepSpeed's states offloaded
     # the reference policy: its own workers, or (LoRA) the actor with its adapters switched off
-    reference = (cluster.reference, "logprobs") if cluster.reference is not None else (
-        (cluster.actor, "ref_logprobs") if algo.kl.coef > 0 and spec.model.lora.rank > 0 else None)
+    reference = (cluster.reference, ReferenceWorker.logprobs) if cluster.reference is not None else (
+        (cluster.actor, PolicyWorker.ref_logprobs) if algo.kl.coef > 0 and spec.model.lora.rank > 0 else None)
     use_ref = reference is not None
     kl_in_reward = use_ref and algo.kl.placement == "reward"
     # A separate pass for the policy's log-probs before the update is needed only when the
@@ -104,8 +107,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
         data.load_state_dict(state["data"])
         kl_ctl.load_state_dict(state["kl"])
         history, start = state["history"], state["step"]
-        sync.after_generate()
-        sync.sync()  # the rollout engines get the restored policy
+        schedule.to_train()
+        schedule.to_generate()  # the rollout engines get the restored policy
         console.print(f"resumed from {resumed.path} at step {start + 1}")
     # the starting policy's evaluation, logged with the first step's metrics as eval_before/...
     before = ({f"eval_before/{k[5:]}": v for k, v in evaluator.run().items()}
@@ -134,7 +137,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                 batch["response_mask"] = mask = mask * env_loss_mask(samples, mask.shape[1])
             batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
             with ph("to_train"):  # hybrid GPU placement: vLLM sleeps, DeepSpeed's states come back
-                phase_stats = sync.after_generate()
+                phase_stats = schedule.to_train()
 
             # ---- reference log-probs, old log-probs, values
             if use_ref:
@@ -142,11 +145,11 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                     batch["ref_logp"] = dp_forward(*reference, batch)
             if need_old_logp:
                 with ph("old_logp"):
-                    batch["old_logp"] = dp_forward(cluster.actor, "logprobs", batch)
+                    batch["old_logp"] = dp_forward(cluster.actor, PolicyWorker.logprobs, batch)
             values = None
             if cluster.critic is not None:
                 with ph("critic"):
-                    values = dp_forward(cluster.critic, "values", batch)
+                    values = dp_forward(cluster.critic, CriticWorker.values, batch)
                     batch["old_values"] = values
 
             # ---- advantages
@@ -156,9 +159,9 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
             # ---- update policy (and critic), then sync the rollout engines
             with ph("update"):
                 plans = update_plan(spec, batch, step)
-                refs = scatter_update(cluster.actor, batch, plans, spec)
+                refs = scatter_update(cluster.actor, PolicyWorker.update, batch, plans, spec)
                 if cluster.critic is not None:
-                    refs_c = scatter_update(cluster.critic, batch, plans, spec)
+                    refs_c = scatter_update(cluster.critic, CriticWorker.update, batch, plans, spec)
                 if prefetch is not None:  # async: the engines sample the next steps during this update
                     prefetch.launch_ahead(step)
                 actor_stats = combine(_get(refs))
@@ -167,8 +170,8 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
                     prefetch.update_done()
             if kl_in_reward:
                 kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
-            with ph("sync"):
-                phase_stats.update(sync.sync())
+            with ph("sync"):  # caches freed, vLLM wakes, weights sent, DeepSpeed's states offloaded
+                phase_stats.update(schedule.to_generate())
 
             # ---- log
             ph.times["step"] = time.perf_counter() - t_step
@@ -323,8 +326,9 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "
                "old_logp", "ref_logp", "rollout_logp", "old_values")
 
 
-def scatter_update(group: Any, batch: Batch, plan, spec) -> list:
-    """Rank r gets its contiguous share of every optimizer step's rows, steps one after another."""
+def scatter_update(group: Any, update: Any, batch: Batch, plan, spec) -> list:
+    """``update`` (``PolicyWorker.update`` or ``CriticWorker.update``) on every rank: rank r gets
+    its contiguous share of every optimizer step's rows, steps one after another."""
     W = group.world_size
     slim = {k: v for k, v in batch.items() if k in UPDATE_KEYS}
     per_rank: list[list[Batch]] = [[] for _ in range(W)]
@@ -333,7 +337,7 @@ def scatter_update(group: Any, batch: Batch, plan, spec) -> list:
         for r in range(W):
             per_rank[r].append(select(slim, rows[r * part:(r + 1) * part]))
     dens = [d for _, d in plan]
-    return group.scatter_async("update", [concat(p) for p in per_rank], dens)
+    return group.scatter_async(update, [concat(p) for p in per_rank], dens)
 
 
 def _get(refs):

@@ -36,6 +36,7 @@ import torch
 
 from rlhf.data.files import Records, load_files, split_eval
 from rlhf.spec.errors import UserError
+from rlhf.workers.train import PolicyWorker
 
 MB = dict[str, torch.Tensor]
 
@@ -108,7 +109,7 @@ def gather_eval(group: Any, n: int, make_mb: Callable[[list[int]], MB], fn: Any,
     """Run ``fn`` over all n units on ``group`` (no gradients); per-micro-batch results in unit
     order, with the padded micro-batch units' index lists alongside: [(units, result), ...]."""
     plan = eval_shards(n, group.world_size, micro)
-    results = group.scatter("apply", [[make_mb(mb) for mb in rank] for rank in plan], fn)
+    results = group.scatter(PolicyWorker.apply, [[make_mb(mb) for mb in rank] for rank in plan], fn)
     out = []
     for rank_plan, rank_res in zip(plan, results):
         out.extend(zip(rank_plan, rank_res))
@@ -177,7 +178,7 @@ def export_final(spec: Any, cluster: Any, run_dir: str, summary: dict[str, Any],
 
     final = Path(run_dir) / "final"
     with exporting(run_dir, final / "hf", final / "metrics.json"):
-        paths = [p for p in cluster.actor.call("save_hf", str(final / "hf")) if p]
+        paths = [p for p in cluster.actor.call(PolicyWorker.save_hf, str(final / "hf")) if p]
         final.mkdir(exist_ok=True)
         with open(final / "metrics.json", "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
@@ -322,7 +323,7 @@ def train_epochs(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: s
             epoch, k = divmod(step, steps_per_epoch)
             order = orders.setdefault(epoch, epoch_order(n_units, spec.train.seed, epoch))
             units = order[k * G:(k + 1) * G]
-            stats = add_sums(cluster.actor.scatter("train_step", shards_of(units), objective))
+            stats = add_sums(cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective))
             m = step_metrics(stats)
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)

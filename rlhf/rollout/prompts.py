@@ -10,6 +10,7 @@ import torch
 from rlhf.data.batch import collate, dp_forward
 from rlhf.data.prompts import render_prompt
 from rlhf.rollout.engine import Sample
+from rlhf.workers.train import RewardModelWorker
 
 
 def tokenize_prompts(spec: Any, tokenizer, rows: list[dict]) -> list[list[int]]:
@@ -38,7 +39,7 @@ def score_samples(spec: Any, rows: list[dict], samples: list[Sample], tokenizer,
     if cluster.reward_model is not None:
         batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
                         tokenizer.pad_token_id, spec.rollout.max_response_tokens)
-        rm = dp_forward(cluster.reward_model, "scores", batch)
+        rm = dp_forward(cluster.reward_model, RewardModelWorker.scores, batch)
         parts["model"] = rm.tolist()
         scores = scores + spec.reward.model_weight * rm
     return scores, parts

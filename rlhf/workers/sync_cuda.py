@@ -418,93 +418,26 @@ class TrainerSyncMixin(TrainStateMixin):
 class CudaTransport:
     """``rlhf.workers.sync`` transport on GPU with vLLM engines (one per rollout worker).
 
-    hybrid: CUDA IPC from every actor rank to the engine on its GPU; vLLM sleeps (level
-    ``sleep_level``) while DeepSpeed trains, and DeepSpeed's states go to host memory while vLLM
-    generates (``placement.offload_train_state``). disaggregated: one NCCL group of the actor's
-    rank 0 and every vLLM worker.
-
-    The loop calls ``after_generate()`` once the rollouts are in (sleep vLLM, reload DeepSpeed),
-    then ``sync()`` after the update (wake vLLM's weights, send, offload DeepSpeed, wake the KV
-    cache). Both return metrics for the step.
+    hybrid: CUDA IPC from every actor rank to the engine on its GPU. disaggregated: one NCCL group
+    of the actor's rank 0 and every vLLM worker. Moving vLLM and DeepSpeed's states out of the
+    way around the send is ``rlhf.workers.schedule``'s job.
     """
 
     name = "cuda"
 
-    def __init__(self, spec: Any, cluster: Any, bucket_mb: int = 512, sleep_level: int = 2) -> None:
+    def __init__(self, spec: Any, cluster: Any, bucket_mb: int = 512) -> None:
         import ray
 
-        self.spec = spec
         self.actor = cluster.actor
-        # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)
-        self.trained = [g for g in (cluster.actor, cluster.critic) if g is not None]
-        self.frozen = [g for g in (cluster.reference, cluster.reward_model) if g is not None]
         self.engines = list(cluster.rollout.workers)
         self.mode = spec.layout.mode
-        self.hybrid = self.mode == "hybrid"
-        self.sleep = self.hybrid and spec.placement.sleep_rollout
-        self.offload = self.hybrid and spec.placement.offload_train_state
         self.bucket_mb = bucket_mb
-        self.sleep_level = sleep_level
         tps = [len(e) for e in spec.layout.engines] or [1] * len(self.engines)
         t0 = time.perf_counter()
-        ray.get(self.actor.call_async("gpu_sync_setup", self.mode, self.engines, tps))
+        ray.get(self.actor.call_async(TrainerSyncMixin.gpu_sync_setup, self.mode, self.engines, tps))
         self.setup_seconds = time.perf_counter() - t0
-        if self.offload:  # generation first: DeepSpeed's states leave the GPU until the update
-            self._on_trained("offload_train_states")
 
-    def after_generate(self) -> dict[str, float]:
-        import ray
-
-        out: dict[str, float] = {}
-        if self.sleep:
-            mems = ray.get([_call(e, "engine_sleep", self.sleep_level) for e in self.engines])
-            out.update(_mean_dicts(mems, prefix=""))
-        if self.offload:
-            out.update(self._on_trained("reload_train_states"))
-        return out
-
-    def _on_trained(self, method: str) -> dict[str, float]:
-        return self._on_groups(self.trained, method)
-
-    @staticmethod
-    def _on_groups(groups, method: str) -> dict[str, float]:
-        """``method`` on every rank of ``groups`` at once; the first group's figures win on shared names."""
-        import ray
-
-        refs = [g.call_async(method) for g in groups]
-        results = [ray.get(r) for r in refs]
-        out: dict[str, float] = {}
-        for res in reversed(results):  # the actor is first: its figures are set last
-            out.update(_mean_dicts(res, prefix=""))
-        return out
-
-    def sync(self) -> dict[str, float]:
-        import ray
-
-        out: dict[str, float] = {}
-        if self.hybrid:  # the passes' cached activations go back to the device before vLLM wakes
-            groups = self.frozen if self.offload else self.trained + self.frozen
-            out.update(self._on_groups(groups, "release_cuda_cache"))
-        if self.sleep:
-            t = ray.get([_call(e, "engine_wake", ["weights"]) for e in self.engines])
-            out["time/wake_weights"] = max(t)
-        stats = [s for s in self.actor.call("gpu_sync_send", self.bucket_mb) if s]
-        out.update({f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()})
-        if self.offload:
-            out.update(self._on_trained("offload_train_states"))
-        if self.sleep:
-            t = ray.get([_call(e, "engine_wake", ["kv_cache"]) for e in self.engines])
-            out["time/wake_kv_cache"] = max(t)
-        return out
-
-
-def _mean_dicts(ds: Sequence[dict], prefix: str) -> dict[str, float]:
-    ds = [d for d in ds if d]
-    if not ds:
-        return {}
-    keys = set().union(*ds)
-    return {prefix + k: sum(float(d[k]) for d in ds if k in d) / sum(1 for d in ds if k in d) for k in keys}
-
-
-def make_transport(spec: Any, cluster: Any) -> CudaTransport:
-    return CudaTransport(spec, cluster)
+    def send(self) -> dict[str, float]:
+        """Every actor rank sends (ZeRO-3 gathers are collective); rank 0's figures, as ``sync/*``."""
+        stats = [s for s in self.actor.call(TrainerSyncMixin.gpu_sync_send, self.bucket_mb) if s]
+        return {f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()}

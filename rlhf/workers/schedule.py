@@ -1,0 +1,94 @@
+"""The hybrid memory schedule of the RL loop: what holds the device while the rollout engines
+generate, what holds it while the models train, and the weight sync between the two.
+
+One step::
+
+    generate                  vLLM awake; the trained models' DeepSpeed states in host memory
+    schedule.to_train()       vLLM sleeps; the DeepSpeed states come back
+    passes, update            reference / old log-probs, values, optimizer steps
+    schedule.to_generate()    caches freed, vLLM's weights wake, the weights are sent, the
+                              DeepSpeed states leave, vLLM's KV cache wakes
+
+Memory moves only in hybrid placement on GPU with vLLM (``placement.sleep_rollout``,
+``placement.offload_train_state``). Elsewhere (CPU, disaggregated, HF rollouts) ``to_train``
+does nothing and ``to_generate`` only sends the weights (``rlhf.workers.sync``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rlhf.workers.rollout import RolloutWorker
+from rlhf.workers.sync import make_transport
+from rlhf.workers.sync_cuda import TrainStateMixin
+from rlhf.workers.train import PolicyWorker
+
+
+class Schedule:
+    """Moves the run's models between the generate and train phases; ``weights`` sends the
+    trained policy to the rollout engines (``send() -> metrics``). Both phases return metrics."""
+
+    def __init__(self, spec: Any, cluster: Any, weights: Any, sleep_level: int = 2) -> None:
+        hybrid = spec.device == "cuda" and spec.rollout_engine == "vllm" and spec.layout.mode == "hybrid"
+        self.weights = weights
+        self.rollout = cluster.rollout
+        # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)
+        self.trained = [g for g in (cluster.actor, cluster.critic) if g is not None]
+        self.frozen = [g for g in (cluster.reference, cluster.reward_model) if g is not None]
+        self.free_caches = hybrid
+        self.sleep = hybrid and spec.placement.sleep_rollout
+        self.offload = hybrid and spec.placement.offload_train_state
+        self.sleep_level = sleep_level
+        if self.offload:  # generation comes first: DeepSpeed's states leave the device until the update
+            _on_groups(self.trained, TrainStateMixin.offload_train_states)
+
+    def to_train(self) -> dict[str, float]:
+        """After generation: vLLM sleeps, the trained models' states come back to the device."""
+        out: dict[str, float] = {}
+        if self.sleep:
+            out.update(_mean_dicts(self.rollout.call(RolloutWorker.engine_sleep, self.sleep_level)))
+        if self.offload:
+            out.update(_on_groups(self.trained, TrainStateMixin.reload_train_states))
+        return out
+
+    def to_generate(self) -> dict[str, float]:
+        """After the update: the rollout engines get the new weights and the device back."""
+        out: dict[str, float] = {}
+        if self.free_caches:  # the passes' cached activations go back to the device before vLLM wakes
+            groups = self.frozen if self.offload else self.trained + self.frozen
+            out.update(_on_groups(groups, PolicyWorker.release_cuda_cache))  # every model worker's
+        if self.sleep:
+            out["time/wake_weights"] = max(self.rollout.call(RolloutWorker.engine_wake, ["weights"]))
+        out.update(self.weights.send())
+        if self.offload:
+            out.update(_on_groups(self.trained, TrainStateMixin.offload_train_states))
+        if self.sleep:
+            out["time/wake_kv_cache"] = max(self.rollout.call(RolloutWorker.engine_wake, ["kv_cache"]))
+        return out
+
+
+def make_schedule(spec: Any, cluster: Any) -> Schedule:
+    """The run's schedule; its weight transport is set up first (the GPU senders need the
+    engines' handles before any state moves)."""
+    return Schedule(spec, cluster, make_transport(spec, cluster))
+
+
+def _on_groups(groups: Sequence[Any], method: Any) -> dict[str, float]:
+    """``method`` on every rank of ``groups`` at once; the first group's figures win on shared names."""
+    import ray
+
+    refs = [g.call_async(method) for g in groups]
+    results = [ray.get(r) for r in refs]
+    out: dict[str, float] = {}
+    for res in reversed(results):  # the actor is first: its figures are set last
+        out.update(_mean_dicts(res))
+    return out
+
+
+def _mean_dicts(ds: Sequence[dict]) -> dict[str, float]:
+    """Per name, the mean over the dicts that have it."""
+    ds = [d for d in ds if d]
+    if not ds:
+        return {}
+    keys = set().union(*ds)
+    return {k: sum(float(d[k]) for d in ds if k in d) / sum(1 for d in ds if k in d) for k in keys}

@@ -1,0 +1,112 @@
+"""The hybrid memory schedule (``rlhf.workers.schedule``) and typed worker calls
+(``rlhf.launch.group.ActorGroup`` with method references), without Ray: every rank is a handle
+that records the calls it gets, so the order the schedule issues them in is checked on CPU even
+though the GPU path itself (vLLM sleep, DeepSpeed offload) needs a GPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from rlhf.launch.colocate import RoleHandle
+from rlhf.launch.group import ActorGroup
+from rlhf.workers.schedule import make_schedule
+from rlhf.workers.train import PolicyWorker
+
+
+class _Handle:
+    """One rank of a role: ``h.method.remote(*args)`` is logged and answers like the worker would."""
+
+    def __init__(self, log: list, role: str, rank: int):
+        self.log, self.role, self.rank = log, role, rank
+
+    def __getattr__(self, method: str):
+        if method.startswith("__"):
+            raise AttributeError(method)
+        return NS(remote=lambda *args: self._answer(method, args))
+
+    def _answer(self, method: str, args: tuple):
+        self.log.append((self.role, method, args) if self.rank == 0 else None)
+        if method == "engine_wake":
+            return 0.1 * (self.rank + 1)
+        if method == "gpu_sync_send":
+            return {"sync_seconds": 2.0, "sync_bytes": 8.0} if self.rank == 0 else None
+        if method == "full_state_dict":
+            return "weights" if self.rank == 0 else None
+        if method in ("engine_sleep", "offload_train_states", "reload_train_states", "release_cuda_cache"):
+            return {f"{method}/{self.role}": float(self.rank), "memory/shared": float(len(self.role))}
+        return None
+
+
+@pytest.fixture
+def run(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)  # the handles answer at once
+
+    def run(device="cuda", mode="hybrid", sleep=True, offload=True, critic=True):
+        log: list = []
+        group = lambda role: ActorGroup(role, [_Handle(log, role, r) for r in range(2)])  # noqa: E731
+        spec = NS(device=device, rollout_engine="vllm" if device == "cuda" else "hf",
+                  layout=NS(mode=mode, engines=[(0,), (1,)]),
+                  placement=NS(sleep_rollout=sleep, offload_train_state=offload))
+        cluster = NS(actor=group("actor"), critic=group("critic") if critic else None, reference=group("reference"),
+                     reward_model=None, rollout=group("rollout"))
+        schedule = make_schedule(spec, cluster)
+        start = [c for c in log if c]
+        log.clear()
+        train = schedule.to_train()
+        to_train = [c for c in log if c]
+        log.clear()
+        gen = schedule.to_generate()
+        return start, to_train, [c for c in log if c], train, gen
+
+    return run
+
+
+def test_hybrid_gpu_moves_memory_around_the_send_in_order(run):
+    start, to_train, to_generate, train, gen = run()
+    assert [m for _, m, _ in start] == ["gpu_sync_setup", "offload_train_states", "offload_train_states"]
+    assert to_train == [("rollout", "engine_sleep", (2,)), ("actor", "reload_train_states", ()),
+                        ("critic", "reload_train_states", ())]
+    assert to_generate == [
+        ("reference", "release_cuda_cache", ()),  # the trained roles' caches go with their offload
+        ("rollout", "engine_wake", (["weights"],)),
+        ("actor", "gpu_sync_send", (512,)),
+        ("actor", "offload_train_states", ()), ("critic", "offload_train_states", ()),
+        ("rollout", "engine_wake", (["kv_cache"],)),
+    ]
+    # means over ranks; the actor's figures win on a name both trained roles report
+    assert train["engine_sleep/rollout"] == 0.5 and train["memory/shared"] == len("actor")
+    assert gen["time/wake_weights"] == pytest.approx(0.2) and gen["time/wake_kv_cache"] == pytest.approx(0.2)
+    assert gen["sync/seconds"] == 2.0 and gen["sync/bytes"] == 8.0
+
+
+def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
+    start, to_train, to_generate, _, _ = run(offload=False, critic=False)
+    assert [m for _, m, _ in start] == ["gpu_sync_setup"]
+    assert to_train == [("rollout", "engine_sleep", (2,))]
+    assert [(r, m) for r, m, _ in to_generate] == [
+        ("actor", "release_cuda_cache"), ("reference", "release_cuda_cache"), ("rollout", "engine_wake"),
+        ("actor", "gpu_sync_send"), ("rollout", "engine_wake")]
+
+
+@pytest.mark.parametrize("device,mode", [("cuda", "disaggregated"), ("cpu", "hybrid"), ("cpu", "disaggregated")])
+def test_elsewhere_only_the_weights_move(run, device, mode):
+    start, to_train, to_generate, train, gen = run(device=device, mode=mode)
+    assert to_train == [] and train == {}
+    send = ["gpu_sync_send"] if device == "cuda" else ["full_state_dict", "load_weights"]
+    assert [m for _, m, _ in to_generate] == send
+    assert [m for _, m, _ in start] == (["gpu_sync_setup"] if device == "cuda" else [])
+
+
+def test_a_method_reference_reaches_a_colocated_role_by_its_name():
+    calls = []
+    host = NS(_actor_id="host-0", call=NS(remote=lambda role, method, *a: calls.append((role, method, a))))
+    group = ActorGroup("actor", [RoleHandle(host, "actor")])
+    group.call_async(PolicyWorker.save_hf, "/tmp/x")
+    group.scatter_async(PolicyWorker.update, [{"rows": 1}], [4.0])
+    group.call_async("ping")  # a name still works
+    assert calls == [("actor", "save_hf", ("/tmp/x",)), ("actor", "update", ({"rows": 1}, [4.0])),
+                     ("actor", "ping", ())]
