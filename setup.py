@@ -6,12 +6,14 @@ first). pyproject.toml alone cannot both find the rlhf.* packages and map extra 
 packages, hence this file.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 DATA_PACKAGES = {"rlhf._conf": "conf", "rlhf._recipes": "recipes"}
 
 setup(
-    packages=find_packages(include=["rlhf", "rlhf.*"]) + list(DATA_PACKAGES),
+    # hydra_plugins.*: the hydra/launcher=parallel plugin (Hydra loads plugins only from there)
+    packages=find_packages(include=["rlhf", "rlhf.*"]) + find_namespace_packages(include=["hydra_plugins.*"])
+    + list(DATA_PACKAGES),
     package_dir=DATA_PACKAGES,
     package_data={"rlhf._conf": ["*.yaml", "*/*.yaml"], "rlhf._recipes": ["*.yaml"]},
     include_package_data=False,

@@ -36,6 +36,7 @@ Hydra options (rlhf-run is a Hydra app; https://hydra.cc/docs/advanced/hydra-com
   hydra.job.chdir=true      run the job inside its run dir
   hydra/sweeper=optuna      -m searches hydra.sweeper.params with Optuna (recipe=grpo_tiny_optuna)
   hydra/launcher=submitit_slurm  -m sends each job to SLURM (pip install 'rlhf[slurm]')
+  hydra/launcher=parallel   -m runs the jobs that fit side by side on the Ray cluster at once
 """
 
 

@@ -6,7 +6,8 @@ default (basic sweeper and launcher) runs the grid of comma-separated values one
 in this process. ``hydra/sweeper=optuna`` searches ``hydra.sweeper.params`` instead (recipe
 grpo_tiny_optuna): each job returns ``tracking.objective`` (its mean over the last fifth of the
 steps) to the sweeper, and the best trial is reported at the end. ``hydra/launcher=...`` sends the
-jobs elsewhere (submitit_slurm: a SLURM cluster). Each job builds its spec exactly like a single run
+jobs elsewhere (submitit_slurm: a SLURM cluster; ``parallel``: the jobs that fit side by side on
+the Ray cluster's devices run at the same time, rlhf/sweep_parallel.py). Each job builds its spec exactly like a single run
 and calls ``rlhf.execute.execute(spec)``.
 
 - Before any job starts, every job's config is composed once (a search: the config at each bound
@@ -20,7 +21,7 @@ and calls ``rlhf.execute.execute(spec)``.
 
 Hooks: ``SweepHooks`` is called at the start and end of the sweep and of each job. ``default_hooks``:
 ``RaySweepHooks`` (one Ray cluster for every job, shut down after the last) and ``MlflowSweepHooks``
-(one MLflow parent run per sweep, a child run per job; a failed job's child run is FAILED; the
+(one MLflow parent run per sweep, a child run per job, via ``rlhf.track.tracker.SWEEP_PARENT``; a failed job's child run is FAILED; the
 parent holds each job's objective and, after a search, the best parameters).
 """
 
@@ -53,6 +54,8 @@ class JobResult:
     error: Optional[str] = None
     output_dir: Optional[str] = None
     objective: Optional[float] = None  # tracking.objective of a finished job
+    started: Optional[float] = None  # time.time() when the job began executing, and when it ended
+    ended: Optional[float] = None
 
 
 class SweepHooks:
@@ -73,10 +76,6 @@ class SweepHooks:
 
     def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:
         pass
-
-
-PARENT_ENV = "RLHF_MLFLOW_PARENT_RUN_ID"  # read by rlhf.track.Tracker: the job's run becomes a child
-JOB_ENV = "RLHF_SWEEP_JOB"
 
 
 class RaySweepHooks(SweepHooks):
@@ -101,8 +100,10 @@ class RaySweepHooks(SweepHooks):
         cpus = spec.ray.num_cpus or os.cpu_count() or 1
         kwargs: dict = {"address": "local", "include_dashboard": False,  # the sweep's own cluster
                         "runtime_env": {"env_vars": worker_env(spec)}, "log_to_driver": True}
-        if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout
-            kwargs.update(num_cpus=max(cpus, 64), num_gpus=0)
+        if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout,
+            # unless ray.num_cpus sets the worker slots (the parallel launcher fits jobs into them)
+            slots = max(spec.ray.num_cpus, spec.layout.total_devices) if spec.ray.num_cpus else max(cpus, 64)
+            kwargs.update(num_cpus=slots, num_gpus=0)
         else:
             kwargs["num_cpus"] = cpus
         try:
@@ -149,20 +150,18 @@ class MlflowSweepHooks(SweepHooks):
         self.parent_id = run.info.run_id
 
     def job_start(self, job: Job, spec: Any) -> None:
-        import os
+        from rlhf.track.tracker import SWEEP_PARENT
 
         if spec.mode != "run" or spec.tracking.backend != "mlflow":
             return
         if self.parent_id is None:
             self._open(spec)
-        os.environ[PARENT_ENV] = self.parent_id
-        os.environ[JOB_ENV] = str(job.index)
+        SWEEP_PARENT.set((self.parent_id, str(job.index)))  # the job's Tracker makes its run a child
 
     def job_end(self, job: Job, result: JobResult) -> None:
-        import os
+        from rlhf.track.tracker import SWEEP_PARENT
 
-        os.environ.pop(PARENT_ENV, None)
-        os.environ.pop(JOB_ENV, None)
+        SWEEP_PARENT.set(None)
         if self.parent_id is None:
             return
         self.client.log_metric(self.parent_id, "sweep/job_ok", 1.0 if result.status == "ok" else 0.0, step=job.index)
@@ -327,16 +326,24 @@ def best_trial(sweep_dir: Optional[str], results: Sequence[JobResult]) -> Option
 
 
 class _Sweep:
-    """State of one running sweep, shared with the Hydra task function."""
+    """State of one running sweep, shared with the Hydra task function.
 
-    def __init__(self, jobs: Sequence[Job], hooks: Sequence[SweepHooks], config_dir: Optional[str]):
+    ``parallel`` (``hydra/launcher=parallel``): ``run_job`` builds the job and returns it as a
+    ``PendingJob`` for the launcher (rlhf/sweep_parallel.py) to run when the cluster has room."""
+
+    def __init__(self, jobs: Sequence[Job], hooks: Sequence[SweepHooks], config_dir: Optional[str],
+                 parallel: bool = False):
+        import threading
+
         self.jobs = {tuple(j.overrides): j for j in jobs}
         self.hooks = list(hooks)
         self.config_dir = config_dir
+        self.parallel = parallel
         self.results: list[JobResult] = []
         self.sweep_dir: Optional[str] = None
+        self.lock = threading.Lock()  # hooks and results: jobs of the parallel launcher end in threads
 
-    def run_job(self, cfg: Any) -> int:
+    def run_job(self, cfg: Any) -> Any:
         """Hydra's task function: build this job's spec like a single run, then execute it."""
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import open_dict
@@ -355,28 +362,87 @@ class _Sweep:
                 cfg.output_dir = out  # each job in its own directory, whatever the config says
             choices = dict(hc.runtime.choices)
             spec = build_spec(cfg, overrides, plan=False, config_dir=self.config_dir, choices=choices)
+        except Exception as e:  # noqa: BLE001 - recorded like any failed job
+            self._failed(job, result, e)
+            return self.end(job, result)
+        pending = PendingJob(self, job, spec, result)
+        if self.parallel:
+            return pending
+        return pending.run() if pending.start() else self.end(job, result)
+
+    def _failed(self, job: Job, result: JobResult, e: BaseException) -> None:
+        out = result.output_dir or "."
+        if isinstance(e, SpecError):
+            result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
+            print(e.render(), file=sys.stderr)
+            return
+        result.error = f"{type(e).__name__}: {e}"
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "error.txt").write_text("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+        print(f"error: job #{job.index} failed: {result.error} (traceback in {out}/error.txt)", file=sys.stderr)
+
+    def end(self, job: Job, result: JobResult) -> Optional[float]:
+        """Record a finished (or failed) job; its value for the sweeper (None: a failed trial)."""
+        with self.lock:
+            self.results.append(result)
             for h in self.hooks:
-                h.job_start(job, spec)
-            code = execute(spec)
+                h.job_end(job, result)
+        return result.objective if result.status == "ok" else None
+
+
+@dataclass
+class PendingJob:
+    """A built job: ``start`` calls the hooks' ``job_start`` (Ray up, the MLflow parent open),
+    ``run`` executes it and records the result. The parallel launcher calls ``start`` in its own
+    thread and ``run`` in the job's thread (in a copy of the context ``start`` ran in)."""
+
+    sweep: _Sweep
+    job: Job
+    spec: Any
+    result: JobResult
+
+    @property
+    def devices(self) -> int:
+        """Devices (GPUs; on CPU worker slots, i.e. Ray CPUs) the job's placement groups take."""
+        return self.spec.layout.total_devices if self.spec.mode == "run" else 0
+
+    @property
+    def unit(self) -> str:
+        return "CPU" if self.spec.device == "cpu" else "GPU"
+
+    def start(self) -> bool:
+        try:
+            with self.sweep.lock:
+                for h in self.sweep.hooks:
+                    h.job_start(self.job, self.spec)
+            return True
+        except Exception as e:  # noqa: BLE001
+            self.sweep._failed(self.job, self.result, e)
+            return False
+
+    def fail(self, message: str) -> Optional[float]:
+        """Record the job as failed without running it."""
+        self.result.error = message
+        print(f"error: job #{self.job.index}: {message}", file=sys.stderr)
+        return self.sweep.end(self.job, self.result)
+
+    def run(self) -> Optional[float]:
+        import time
+
+        result, out = self.result, self.result.output_dir
+        result.started = time.time()
+        try:
+            code = execute(self.spec)
             result.exit_code = int(code or 0)
             result.status = "ok" if result.exit_code == 0 else "failed"
             if result.exit_code:
                 result.error = f"exit code {result.exit_code}"
-            elif spec.mode == "run":
-                result.objective = objective(out, spec.tracking.objective)
-        except SpecError as e:
-            result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
-            print(e.render(), file=sys.stderr)
-        except Exception as e:  # a crashed job: recorded, and the sweep goes on
-            result.error = f"{type(e).__name__}: {e}"
-            Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / "error.txt").write_text(traceback.format_exc())
-            print(f"error: job #{job.index} failed: {result.error} (traceback in {out}/error.txt)", file=sys.stderr)
-        self.results.append(result)
-        for h in self.hooks:
-            h.job_end(job, result)
-        # the sweeper's value of this job (Optuna's objective; None: a failed trial)
-        return result.objective if result.status == "ok" else None
+            elif self.spec.mode == "run":
+                result.objective = objective(out, self.spec.tracking.objective)
+        except Exception as e:  # noqa: BLE001 - a crashed job: recorded, and the sweep goes on
+            self.sweep._failed(self.job, result, e)
+        result.ended = time.time()
+        return self.sweep.end(self.job, result)
 
 
 def _run_hydra_multirun(sweep: _Sweep, overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> None:
@@ -433,13 +499,21 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
         print(summarize(results, None))
         return 0 if all(r.status == "ok" for r in results) else 1
 
-    sweep = _Sweep(jobs, hooks, args.config_dir)
+    from omegaconf import OmegaConf
+
+    launcher = str(OmegaConf.select(base, "hydra.launcher._target_", default=""))
+    parallel = launcher.endswith(".ParallelLauncher")
+    if parallel and OmegaConf.select(base, "hydra.job.chdir", default=False):
+        raise SpecError(["hydra/launcher=parallel runs the jobs side by side in one process, which has one "
+                         "working directory: drop hydra.job.chdir=true."])
+    sweep = _Sweep(jobs, hooks, args.config_dir, parallel=parallel)
     overrides = list(args.overrides)
     if not any(o.split("=", 1)[0].lstrip("+") == "hydra.sweep.dir" for o in overrides):
         # Hydra's default (multirun/<date>/<time>) is the same for two sweeps started in the same
         # second, and so would be their jobs' run dirs: a dir of its own for this sweep
         overrides.append(f"hydra.sweep.dir={unique_dir(stamped('multirun'), claim=True)}")
     _run_hydra_multirun(sweep, overrides, args.config_dir, args.config_name)
+    sweep.results.sort(key=lambda r: r.index)  # the parallel launcher's jobs end in any order
     if sweep.sweep_dir:
         import yaml
 

@@ -38,7 +38,8 @@ _registered: set[str] = set()
 
 
 def register_configs() -> None:
-    """Schemas and recipes go into Hydra's ConfigStore (recipes: group `recipe`, package _global_).
+    """Schemas, recipes and the ``parallel`` launcher go into Hydra's ConfigStore (recipes: group
+    `recipe`, package _global_).
 
     Recipes are stored from recipes/*.yaml (shipped inside the wheel as rlhf/_recipes), so they are
     found after a non-editable install too; a recipe may have its own defaults list, e.g.
@@ -56,6 +57,9 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     for path in sorted(recipes_dir().glob("*.yaml")):
         cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    # -m hydra/launcher=parallel: jobs that fit side by side on the Ray cluster run at the same time
+    cs.store(group="hydra/launcher", name="parallel", provider="rlhf",
+             node={"_target_": "hydra_plugins.rlhf_launcher.parallel_launcher.ParallelLauncher"})
     _registered.add(key)
 
 

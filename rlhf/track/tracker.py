@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import sys
@@ -39,6 +40,9 @@ def default_tracking_uri(run_dir: str) -> str:
 SECRET_WORDS = ("token", "secret", "password", "passwd", "api_key", "apikey", "credential", "private_key",
                 "authorization", "auth_header")
 REDACTED = "***"
+# (MLflow parent run id, job index) of the sweep job running in this context: its run is a child.
+# A context variable, not the environment: jobs of the parallel launcher run in threads side by side.
+SWEEP_PARENT: contextvars.ContextVar[Optional[tuple[str, str]]] = contextvars.ContextVar("rlhf_sweep_parent", default=None)
 
 
 def is_secret_key(key: str) -> bool:
@@ -165,9 +169,9 @@ class Tracker:
                 self.client.set_tag(self.run_id, "rlhf.resumed", "true")
                 return
         tags = {"rlhf.run_dir": run_dir_abs, "rlhf.algo": spec.algo.name, "rlhf.model_path": str(spec.model.path)}
-        parent = os.environ.get("RLHF_MLFLOW_PARENT_RUN_ID")  # set by rlhf.sweep for each job of a sweep
+        parent = SWEEP_PARENT.get()  # set by rlhf.sweep for each job of a sweep
         if parent:
-            tags.update({"mlflow.parentRunId": parent, "rlhf.sweep_job": os.environ.get("RLHF_SWEEP_JOB", "")})
+            tags.update({"mlflow.parentRunId": parent[0], "rlhf.sweep_job": parent[1]})
         run = self.client.create_run(self.experiment_id, run_name=Path(run_dir).name, tags=tags)
         self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in _params(spec).items()]

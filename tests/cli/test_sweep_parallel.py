@@ -1,0 +1,97 @@
+"""hydra/launcher=parallel: the jobs of a sweep that fit side by side on the Ray cluster's devices
+(on CPU its worker slots, ``ray.num_cpus``) run at the same time; the next job waits for room; one
+larger than the cluster fails alone. The default launcher stays sequential (test_cli_sweep.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import yaml
+
+from rlhf import cli, sweep, sweep_parallel
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["started"] < b["ended"] and b["started"] < a["ended"]
+
+
+@pytest.fixture
+def two_slot_ray():
+    """A Ray cluster of 2 worker slots (2 logical CPUs), as a fake 2-device cluster."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_jobs_wait_for_room_and_a_too_large_job_fails_alone(two_slot_ray, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [])  # the test's own Ray cluster, no MLflow
+    threads = {}
+
+    def execute(spec):  # a stand-in job that holds its slot for a while
+        threads[spec.train.steps] = threading.current_thread().name
+        time.sleep(1.5)
+        return 0
+
+    monkeypatch.setattr(sweep, "execute", execute)
+    # the stand-in jobs import nothing: skip the launcher's transformers warm-up (seconds of torch import)
+    monkeypatch.setattr(sweep_parallel, "_resolve_lazy_imports", lambda: None)
+    argv = ["-m", "hydra/launcher=parallel", "train.steps=1,2,3", f"hydra.sweep.dir={tmp_path / 'a'}"]
+    assert cli.main(argv) == 0
+    r = yaml.safe_load((tmp_path / "a" / "sweep_results.yaml").read_text())
+    assert [x["status"] for x in r] == ["ok", "ok", "ok"]
+    assert _overlap(r[0], r[1])  # 1 slot each, 2 slots: side by side
+    assert r[2]["started"] >= min(r[0]["ended"], r[1]["ended"])  # the third waited for a free slot
+    assert len(set(threads.values())) >= 2 and threading.current_thread().name not in threads.values()
+
+    argv = ["-m", "hydra/launcher=parallel", "hardware.devices_per_node=1,4", "train.prompts_per_step=8",
+            f"hydra.sweep.dir={tmp_path / 'b'}"]
+    assert cli.main(argv) == 1
+    r = yaml.safe_load((tmp_path / "b" / "sweep_results.yaml").read_text())
+    assert [x["status"] for x in r] == ["ok", "failed"]
+    assert r[1]["error"].startswith("it needs 4 CPUs and the Ray cluster has 2: set ray.num_cpus")
+    assert "error: job #1: it needs 4 CPUs" in capsys.readouterr().err
+
+
+def test_chdir_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [])
+    assert cli.main(["-m", "hydra/launcher=parallel", "hydra.job.chdir=true", "train.steps=1,2"]) == 2
+    assert "drop hydra.job.chdir=true" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(900)
+def test_two_toy_jobs_run_side_by_side_on_a_2_slot_cluster(tmp_path, monkeypatch):
+    """The real thing: two GRPO toy runs, one slot each, on a sweep cluster of 2 slots; both finish,
+    their times overlap, each is an MLflow child run of the sweep's parent."""
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = cli.main([
+        "-m", "hydra/launcher=parallel", "ray.num_cpus=2", "algo=grpo", "algo.kl.coef=0", "algo.lr=1e-6,2e-6",
+        "train.steps=1", "train.prompts_per_step=4", "rollout.max_response_tokens=2", "algo.group_size=2",
+        "tracking.console=plain", f"tracking.uri={uri}", "tracking.experiment=par", f"hydra.sweep.dir={tmp_path / 's'}",
+    ])
+    assert code == 0
+    assert not ray.is_initialized()  # the sweep's cluster is shut down after the last job
+    r = yaml.safe_load((tmp_path / "s" / "sweep_results.yaml").read_text())
+    assert [x["status"] for x in r] == ["ok", "ok"]
+    assert _overlap(r[0], r[1]), r
+    for i in (0, 1):
+        assert (tmp_path / "s" / str(i) / "final" / "hf" / "config.json").is_file()
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("par").experiment_id])
+    parent = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    children = {x.data.tags["rlhf.sweep_job"]: x for x in runs
+                if x.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert sorted(children) == ["0", "1"] and all(c.info.status == "FINISHED" for c in children.values())
+    assert children["1"].data.params["algo.lr"] == "2e-06"  # each child run is its own job's
