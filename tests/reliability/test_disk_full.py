@@ -54,6 +54,17 @@ def _assert_loadable(out: Path, step: int) -> None:
         torch.load(p, weights_only=False, map_location="cpu")
 
 
+def _run_that_fills_the_disk(tmp_path, capsys):
+    """A 3-step toy run that must stop with exit 1: (its dir, its metrics, the error line, the
+    Ray snapshot taken before it)."""
+    out = tmp_path / "run"
+    before = snapshot()
+    code, rows = run_rl(TOY + ["train.steps=3"], out)
+    line = _error_line(capsys.readouterr().err)
+    assert code == 1
+    return out, rows, line, before
+
+
 def test_disk_full_writing_metrics(rl_env, tmp_path, capsys, monkeypatch):
     from rlhf.track import metrics_file
 
@@ -66,11 +77,7 @@ def test_disk_full_writing_metrics(rl_env, tmp_path, capsys, monkeypatch):
         return real(fd, data)
 
     monkeypatch.setattr(metrics_file, "_write", fills_at_step_2)
-    out = tmp_path / "run"
-    before = snapshot()
-    code, rows = run_rl(TOY + ["train.steps=3"], out)
-    line = _error_line(capsys.readouterr().err)
-    assert code == 1
+    out, rows, line, before = _run_that_fills_the_disk(tmp_path, capsys)
     assert_clear(line, f"disk full while writing the metrics to {out / 'metrics.jsonl'}", "No space left on device",
                  "it needs", "The checkpoint of step 1 is intact", f"resume={out}")
     assert [r["step"] for r in rows] == [0]  # whole lines only
@@ -90,11 +97,7 @@ def test_disk_full_writing_a_checkpoint(rl_env, tmp_path, capsys, monkeypatch):
         return real(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", fills_at_checkpoint_2)
-    out = tmp_path / "run"
-    before = snapshot()
-    code, rows = run_rl(TOY + ["train.steps=3"], out)
-    line = _error_line(capsys.readouterr().err)
-    assert code == 1
+    out, rows, line, before = _run_that_fills_the_disk(tmp_path, capsys)
     assert_clear(line, "disk full while writing the checkpoint of step 2 to "
                  f"{out / 'checkpoints' / 'step_00000002.tmp'}", "No space left on device",
                  "(the size of the previous checkpoint)", "free there",
