@@ -17,6 +17,17 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["started"] < b["ended"] and b["started"] < a["ended"]
 
 
+@pytest.fixture(autouse=True)
+def no_ray_left_by_other_files():
+    """Another test file run earlier in this process (one xdist worker runs several) may have left
+    its session's Ray cluster up; these tests need clusters of their own size, so it goes (later
+    runs start a cluster of their own)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture
 def two_slot_ray():
     """A Ray cluster of 2 worker slots (2 logical CPUs), as a fake 2-device cluster."""

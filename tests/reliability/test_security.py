@@ -19,10 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_no_code_path_instantiates_config_targets():
     """Nothing in the package calls hydra's instantiate / get_class / get_method, and no shipped
     config or recipe has a ``_target_``: config values never name code that Hydra would run.
-    (Hydra builds its own sweeper and launcher plugins from their plugin configs, the
-    ``hydra/sweeper`` and ``hydra/launcher`` groups; rlhf/sweep.py only reads which sweeper it is.)"""
+    (Hydra builds sweeper and launcher plugins from their plugin configs, the ``hydra/sweeper`` and
+    ``hydra/launcher`` groups: rlhf registers one, the parallel launcher, whose target is its own
+    class; rlhf/sweep.py only reads which sweeper and launcher a sweep has.)"""
     pat = re.compile(r"\binstantiate\s*\(|hydra\.utils\.(instantiate|call|get_class|get_method)|_target_")
-    reads_sweeper = re.compile(r'OmegaConf\.select\(cfg, "hydra\.sweeper\._target_"')
+    reads_sweeper = re.compile(r'OmegaConf\.select\((cfg|base), "hydra\.(sweeper|launcher)\._target_"'
+                               r'|"_target_": "hydra_plugins\.rlhf_launcher\.parallel_launcher\.ParallelLauncher"')
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "rlhf").rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1) if pat.search(line) and not reads_sweeper.search(line)]
     hits += [str(p.relative_to(ROOT)) for d in ("conf", "recipes") for p in (ROOT / d).rglob("*.yaml")
