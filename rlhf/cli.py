@@ -7,6 +7,7 @@
     rlhf-run resume=outputs/2026-11-29/12-00-00            # continue it from its newest checkpoint
 
     rlhf-run --cfg job algo=ppo                            # Hydra's flags: --cfg, --info, -sc, ...
+    rlhf-run --describe algo.kl.coef algo=ppo              # a key's type, value and meaning
 
 rlhf-run is a Hydra app (rlhf/hydra_app.py). This module parses the command line, prints and
 dispatches; the config layer (rlhf/config) composes the config with Hydra's compose API, so every
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choices, group_options,
+from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choices, describe, group_options,
                          resume_dir, resume_spec, run_dir_for)
 from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
 from rlhf.execute import check_before_run, execute
@@ -45,6 +46,8 @@ usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NA
                  rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
   resume=DIR     continue the run in DIR from its newest checkpoint (its config.yaml + any
                  overrides); a run whose output_dir already holds a checkpoint continues by itself
+  --describe KEY print KEY's type, its value in this composition (groups and other overrides
+                 honoured) and what it does; a section (--describe algo) prints every key under it
   -h, --help     this text
   HYDRA_FULL_ERROR=1  show tracebacks instead of one-line errors
 
@@ -53,13 +56,15 @@ config groups (the default first):
 
 keys: any KEY=VALUE of the spec, e.g. algo.lr=1e-6 algo.kl.coef=0.05 train.steps=200
       placement.rollout.tensor_parallel=2 rollout.max_response_tokens=512 output_dir=runs/x
-      (the keys and their meaning: rlhf/spec/schema.py; a group's own file: conf/<group>/<option>.yaml)
+      (each key's meaning: rlhf-run --describe KEY, or rlhf/spec/schema.py; a group's own file:
+      conf/<group>/<option>.yaml)
 
 examples:
   rlhf-run                                           # GRPO on the built-in task, on CPU
   rlhf-run algo=grpo placement=hybrid model=llama3-8b hardware=8xh100 --plan
   rlhf-run algo=ppo algo.kl.coef=0.05 train.steps=200
   rlhf-run recipe=grpo_tiny                          # a checked-in experiment from recipes/
+  rlhf-run algo=ppo --describe algo.kl               # what the KL keys do, and PPO's values
 """
 
 
@@ -89,6 +94,7 @@ class Args:
     config_dir: Optional[str] = None
     config_name: str = "config"
     hydra_flags: list[str] = field(default_factory=list)  # Hydra's own (--cfg, --info, -sc, ...), passed on
+    describe: Optional[str] = None  # --describe KEY: print the key's type, value and help, then exit
 
     @property
     def hydra_only(self) -> bool:
@@ -117,6 +123,16 @@ def parse_args(argv: Sequence[str]) -> Args:
             args.plan = True
         elif a in ("-m", "--multirun"):
             args.multirun = True
+        elif a == "--describe" or a.startswith("--describe="):
+            if "=" in a:
+                value = a.split("=", 1)[1]
+            else:
+                value = argv[i] if i < len(argv) else ""
+                i += 1
+            if not value or value.startswith("-") or "=" in value:
+                raise SpecError(["--describe needs a key, e.g. --describe algo.kl.coef "
+                                 "(or a section: --describe algo)."])
+            args.describe = value
         elif a in FLAGS_WITH_VALUE or a in HYDRA_VALUE_FLAGS:
             value = argv[i] if i < len(argv) else None
             i += 1
@@ -142,7 +158,8 @@ def parse_args(argv: Sequence[str]) -> Args:
                 i += 1
         elif a.startswith("-") and not a.startswith("~"):
             raise SpecError([
-                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --help; Hydra's "
+                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --describe KEY, "
+                "--help; Hydra's "
                 "--cfg job|hydra|all, --info, --shell-completion (rlhf-run --help); "
                 "everything else is GROUP=OPTION or KEY=VALUE."
             ])
@@ -163,6 +180,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         args = parse_args(argv)
+        if args.describe is not None:
+            cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+            print(describe(cfg, args.describe))
+            return 0
         if args.hydra_only:
             return hydra_only(args)
         if args.multirun:

@@ -10,8 +10,8 @@ A field exists only where code reads it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
@@ -28,110 +28,172 @@ class Frozen:
         object.__setattr__(self, name, value)
 
 
+# --------------------------------------------------------------------------- field docs
+
+
+def doc(default: Any, help: str) -> Any:
+    """A dataclass field carrying its help text in ``metadata["help"]`` (OmegaConf ignores metadata);
+    ``rlhf-run --describe KEY`` prints it."""
+    return field(default=default, metadata={"help": help})
+
+
+def docf(factory: Callable[[], Any], help: str) -> Any:
+    """``doc`` for a field whose default ``factory()`` builds (a list, a section)."""
+    return field(default_factory=factory, metadata={"help": help})
+
+
+def undocumented_fields() -> list[str]:
+    """``Class.field`` of every schema field without a help text (a test keeps this empty)."""
+    out = []
+    for obj in list(globals().values()):
+        if isinstance(obj, type) and is_dataclass(obj) and obj.__module__ == __name__:
+            out += [f"{obj.__name__}.{f.name}" for f in fields(obj) if not f.metadata.get("help", "").strip()]
+    return out
+
+
 # --------------------------------------------------------------------------- algo
 
 
 @dataclass
 class KLSpec(Frozen):
-    coef: float = 0.0
-    estimator: str = "k3"  # k1 | k2 | k3, or one registered by algo.plugins (rlhf.algos.registry)
-    placement: str = "loss"  # loss | reward
-    adaptive: bool = False  # adaptive controller (Ziegler et al. 2019), only in reward
-    target: float = 6.0
-    horizon: int = 10000
-    clamp: float = 10.0
+    """The KL penalty against the frozen reference policy."""
+
+    coef: float = doc(0.0, "Weight beta of the KL term; 0 = no reference model is loaded. Larger keeps the "
+                      "policy near the reference (less reward hacking) at the cost of slower reward gains.")
+    estimator: str = doc("k3", "Per-token KL estimator of log(pi/pi_ref): k1 (the log-ratio, unbiased, can "
+                         "go negative), k2 (half its square, biased, low variance), k3 (exp(-x)-1+x, unbiased, "
+                         "non-negative; Schulman's approximations), or one registered by algo.plugins.")
+    placement: str = doc("loss", "loss: add beta*KL to the policy loss (GRPO); reward: subtract it from the "
+                         "per-token rewards before the advantages (PPO as in Ouyang et al. 2022).")
+    adaptive: bool = doc(False, "Adapt coef towards kl.target (Ziegler et al. 2019); only with placement=reward.")
+    target: float = doc(6.0, "The adaptive controller's target for the measured KL (the kl/mean metric).")
+    horizon: int = doc(10000, "The adaptive controller's horizon in samples: larger changes coef more slowly.")
+    clamp: float = doc(10.0, "The log-ratio is clamped to [-clamp, clamp] before the estimator, so one "
+                       "far-off token cannot blow up the loss.")
 
 
 @dataclass
 class CriticSpec(Frozen):
-    lr: float = 1e-5
-    value_clip: float = 0.2
-    warmup_steps: int = 0
+    """The value model of PPO (gae); absent for critic-free estimators."""
+
+    lr: float = doc(1e-5, "The critic's learning rate (usually above the policy's: it learns a regression).")
+    value_clip: float = doc(0.2, "Clip the new values to old +- value_clip in the value loss (PPO's value "
+                            "clipping); limits how far one update moves the critic.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up of the critic.")
 
 
 @dataclass
 class RLAlgo(Frozen):
     """PPO, GRPO, Dr.GRPO, RLOO, REINFORCE++ and REINFORCE++-baseline."""
 
-    name: str = MISSING
-    kind: str = "rl"
-    # advantage estimator (rlhf.algos.registry): gae | grpo | dr_grpo | rloo | reinforce_pp |
-    # reinforce_pp_baseline, or one registered by algo.plugins
-    estimator: str = MISSING
-    policy_loss: str = "clip"  # clip (PPO's clipped surrogate), or one registered by algo.plugins
-    # modules imported in the driver and the workers before the parts above are looked up: their
-    # decorators register more estimators, policy losses and KL estimators (rlhf.algos.registry)
-    plugins: list[str] = field(default_factory=list)
-    group_size: int = 1  # samples per prompt
-    normalize_std: bool = True  # GRPO: divide by the group's std
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True  # gae: scale advantages to mean 0, std 1 over the batch (off: raw GAE)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: Optional[float] = None
-    ratio_level: str = "token"  # token | sequence (GSPO)
-    loss_agg: str = "token_mean"
-    tis_cap: Optional[float] = None  # truncated importance sampling of rollout vs trainer logprobs
-    async_steps: int = 0  # rollouts of the next k steps overlap the update (staleness <= k); 0 = off
-    entropy_coef: float = 0.0
-    kl: KLSpec = field(default_factory=KLSpec)
-    critic: Optional[CriticSpec] = None
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    epochs: int = 1  # passes over each rollout batch
-    mini_batch_size: Optional[int] = None  # samples per optimizer step (global); None = whole batch
-    overlong_buffer: Optional[int] = None  # DAPO soft overlong penalty window, in tokens
-    overlong_penalty: float = 1.0
-    reward_clip: Optional[float] = None
-    reward_normalize: bool = False
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+    name: str = doc(MISSING, "The algorithm's name (the algo group option), shown in logs and the plan.")
+    kind: str = doc("rl", "Which trainer runs: rl (rollouts and policy gradients); fixed per schema.")
+    estimator: str = doc(MISSING, "Advantage estimator (rlhf.algos.registry): gae (PPO, needs algo.critic), "
+                         "grpo (group-normalized rewards, Shao et al. 2024), dr_grpo (no std or length "
+                         "normalization, Liu et al. 2025), rloo (leave-one-out baseline, Ahmadian et al. "
+                         "2024), reinforce_pp / reinforce_pp_baseline (REINFORCE++, Hu 2025), or one "
+                         "registered by algo.plugins.")
+    policy_loss: str = doc("clip", "Policy loss: clip (PPO's clipped surrogate, Schulman et al. 2017), or one "
+                           "registered by algo.plugins.")
+    plugins: list[str] = docf(list, "Modules imported in the driver and every worker before the parts are "
+                              "looked up; their decorators register more estimators, policy losses and KL estimators.")
+    group_size: int = doc(1, "Responses sampled per prompt. Group estimators (grpo, rloo, ...) need >= 2: "
+                          "the group is the baseline. More gives better baselines, fewer prompts per batch.")
+    normalize_std: bool = doc(True, "grpo: divide each group's centred rewards by the group's std. Off (as "
+                              "in Dr.GRPO) avoids up-weighting prompts that are almost always right or wrong.")
+    gamma: float = doc(1.0, "gae: discount per token; 1.0 = no discount, usual for a reward at the end.")
+    lam: float = doc(0.95, "gae: lambda of generalized advantage estimation (Schulman et al. 2016): lower "
+                     "trusts the critic more (less variance, more bias).")
+    whiten_advantages: bool = doc(True, "gae: scale advantages to mean 0, std 1 over the batch (off: raw GAE).")
+    clip_low: float = doc(0.2, "Lower clip epsilon: the ratio is clipped below at 1 - clip_low.")
+    clip_high: float = doc(0.2, "Upper clip epsilon: the ratio is clipped above at 1 + clip_high; above "
+                           "clip_low ('clip-higher', DAPO, Yu et al. 2025) keeps exploration from collapsing.")
+    dual_clip: Optional[float] = doc(None, "Dual-clip constant c > 1 (Ye et al. 2020): bounds the loss of "
+                                     "negative-advantage tokens at c*|A|; None = off.")
+    ratio_level: str = doc("token", "token: one importance ratio per token (PPO/GRPO); sequence: one per "
+                           "sequence, the geometric mean of its tokens' ratios (GSPO, Zheng et al. 2025).")
+    loss_agg: str = doc("token_mean", "How token losses become one number: token_mean (over all policy tokens "
+                        "of the batch), seq_mean_token_sum, seq_mean_token_mean (GRPO's original), "
+                        "seq_mean_token_sum_norm (Dr.GRPO: divided by a constant length). See rlhf.algos.losses.")
+    tis_cap: Optional[float] = doc(None, "Truncated importance sampling (Yao et al. 2025): weight each token's loss "
+                                   "by the trainer/rollout probability ratio capped at this value, correcting "
+                                   "the rollout engine's numeric mismatch (vLLM vs training kernels); None = off.")
+    async_steps: int = doc(0, "Rollouts of the next k steps overlap the update (policy staleness <= k steps): "
+                           "faster, slightly off-policy; 0 = synchronous.")
+    entropy_coef: float = doc(0.0, "Weight of an entropy bonus in the loss; > 0 encourages exploration.")
+    kl: KLSpec = docf(KLSpec, "The KL penalty against the reference policy.")
+    critic: Optional[CriticSpec] = doc(None, "The value model (needed by gae); None for critic-free estimators.")
+    lr: float = doc(1e-6, "The policy's peak learning rate (AdamW).")
+    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up from 0 to lr.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each optimizer step.")
+    epochs: int = doc(1, "Passes over each rollout batch; > 1 reuses samples (more off-policy, clipped by the ratio).")
+    mini_batch_size: Optional[int] = doc(None, "Samples per optimizer step (global); None = the whole batch in "
+                                         "one step. Smaller means more updates per rollout batch.")
+    overlong_buffer: Optional[int] = doc(None, "DAPO soft overlong penalty: over the last this-many tokens "
+                                         "before rollout.max_response_tokens the penalty grows linearly; None = off.")
+    overlong_penalty: float = doc(1.0, "The overlong penalty at the length limit (reaches -overlong_penalty).")
+    reward_clip: Optional[float] = doc(None, "Clip scores to [-reward_clip, reward_clip] before the "
+                                       "advantages; None = off.")
+    reward_normalize: bool = doc(False, "Normalize the batch's scores to mean 0, std 1 before the advantages.")
+    dynamic_sampling: bool = doc(False, "DAPO: drop groups whose rewards are all equal (they carry no group "
+                                 "advantage) and sample more prompts, a few rounds at most, to fill the batch.")
 
 
 @dataclass
 class DPOAlgo(Frozen):
-    name: str = "dpo"
-    kind: str = "dpo"
-    beta: float = 0.1
-    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
-    label_smoothing: float = 0.0  # cDPO
-    reference_free: bool = False
-    lr: float = 5e-7
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    eval_fraction: float = 0.1
-    packing: bool = False  # pack chosen/rejected sequences of a micro-batch into shared rows
+    """Direct preference optimization (Rafailov et al. 2023) on chosen/rejected pairs."""
+
+    name: str = doc("dpo", "The algorithm's name (the algo group option).")
+    kind: str = doc("dpo", "Which trainer runs: dpo; fixed per schema.")
+    beta: float = doc(0.1, "Inverse temperature of the implicit reward beta*log(pi/pi_ref): larger stays "
+                      "closer to the reference model.")
+    loss_type: str = doc("sigmoid", "sigmoid (DPO's logistic loss), ipo (squared loss towards 1/(2 beta), "
+                         "Azar et al. 2023) or hinge (SLiC-HF, Zhao et al. 2023).")
+    label_smoothing: float = doc(0.0, "Assumed share of flipped preference labels (cDPO); 0 = trust the labels.")
+    reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its start.")
+    lr: float = doc(5e-7, "Peak learning rate (AdamW).")
+    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    epochs: int = doc(1, "Passes over the training pairs.")
+    eval_fraction: float = doc(0.1, "Share of the training pairs held out for evaluation when data.eval_files "
+                               "is empty.")
+    packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
 @dataclass
 class RMAlgo(Frozen):
-    name: str = "rm"
-    kind: str = "rm"
-    margin: Optional[float] = None
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    eval_fraction: float = 0.1
-    packing: bool = False  # pack chosen/rejected sequences of a micro-batch into shared rows
+    """A reward model (scalar head) trained on chosen/rejected pairs with the Bradley-Terry loss."""
+
+    name: str = doc("rm", "The algorithm's name (the algo group option).")
+    kind: str = doc("rm", "Which trainer runs: rm; fixed per schema.")
+    margin: Optional[float] = doc(None, "Required score margin between chosen and rejected (Llama 2's margin "
+                                  "loss); None = plain Bradley-Terry.")
+    lr: float = doc(1e-5, "Peak learning rate (AdamW).")
+    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    epochs: int = doc(1, "Passes over the training pairs.")
+    eval_fraction: float = doc(0.1, "Share of the training pairs held out for evaluation when data.eval_files "
+                               "is empty.")
+    packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
 @dataclass
 class SFTAlgo(Frozen):
-    name: str = "sft"
-    kind: str = "sft"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    eval_fraction: float = 0.1
-    packing: bool = False
+    """Supervised fine-tuning: cross-entropy on the response tokens."""
+
+    name: str = doc("sft", "The algorithm's name (the algo group option).")
+    kind: str = doc("sft", "Which trainer runs: sft; fixed per schema.")
+    lr: float = doc(1e-5, "Peak learning rate (AdamW).")
+    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
+    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    epochs: int = doc(1, "Passes over the training examples.")
+    eval_fraction: float = doc(0.1, "Share of the training examples held out for evaluation when "
+                               "data.eval_files is empty.")
+    packing: bool = doc(False, "Pack several examples of a micro-batch into shared rows (less padding).")
 
 
 ALGO_SCHEMAS = {"rl": RLAlgo, "dpo": DPOAlgo, "rm": RMAlgo, "sft": SFTAlgo}
@@ -149,32 +211,34 @@ class LoraSpec(Frozen):
     """LoRA adapters on the policy (Hu et al. 2021): each target Linear W trains W + (alpha/rank)·B·A
     with W frozen; the rollout engines and the HF export get the merged weights (rlhf.models.lora)."""
 
-    rank: int = 0  # r of A (r × in) and B (out × r); 0 = off, every weight trains
-    alpha: float = 16.0  # the update is scaled by alpha / rank
-    dropout: float = 0.0  # dropout on the adapter's input while training
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # Linear module names
+    rank: int = doc(0, "r of A (r x in) and B (out x r); 0 = off, every weight trains. Larger adapts more "
+                    "and costs more optimizer memory.")
+    alpha: float = doc(16.0, "The update is scaled by alpha / rank.")
+    dropout: float = doc(0.0, "Dropout on the adapter's input while training.")
+    target_modules: list[str] = docf(lambda: list(LORA_TARGETS), "Names of the Linear modules that get "
+                                     "adapters (default: the attention and MLP projections).")
 
 
 @dataclass
 class ModelSpec(Frozen):
     """A model: where to load it and the architecture numbers that memory planning needs."""
 
-    name: str = MISSING
-    path: str = MISSING  # local HF checkpoint dir, Hugging Face Hub id (org/name), or builtin:<name>
-    revision: Optional[str] = None  # a Hub id's branch, tag or commit; None = main
-    n_layers: int = MISSING
-    hidden: int = MISSING
-    intermediate: int = MISSING
-    n_heads: int = MISSING
-    n_kv_heads: int = MISSING
-    vocab: int = MISSING
-    tie_embeddings: bool = False
-    dtype: str = "bfloat16"  # bfloat16 | float16 | float32
-    gradient_checkpointing: bool = False
-    # GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the training-side models (fewer,
-    # fused elementwise passes; the log-probs are chunked by rlhf.algos.logprobs either way)
-    liger_kernels: bool = False
-    lora: LoraSpec = field(default_factory=LoraSpec)  # rank > 0: train LoRA adapters, not the policy's weights
+    name: str = doc(MISSING, "The model's name (the model group option), shown in logs and the plan.")
+    path: str = doc(MISSING, "Local HF checkpoint dir, Hugging Face Hub id (org/name), or builtin:<name>.")
+    revision: Optional[str] = doc(None, "A Hub id's branch, tag or commit; None = main.")
+    n_layers: int = doc(MISSING, "Decoder layers (memory planning).")
+    hidden: int = doc(MISSING, "Hidden size (memory planning).")
+    intermediate: int = doc(MISSING, "MLP intermediate size (memory planning).")
+    n_heads: int = doc(MISSING, "Attention heads (memory planning).")
+    n_kv_heads: int = doc(MISSING, "Key/value heads (grouped-query attention; sizes the KV cache).")
+    vocab: int = doc(MISSING, "Vocabulary size (memory planning: embeddings and logits).")
+    tie_embeddings: bool = doc(False, "The output head shares the input embedding's weights.")
+    dtype: str = doc("bfloat16", "Weights' dtype: bfloat16 | float16 | float32.")
+    gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass: much less "
+                                       "activation memory for about a third more compute.")
+    liger_kernels: bool = doc(False, "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
+                              "training-side models (fewer fused elementwise passes).")
+    lora: LoraSpec = docf(LoraSpec, "LoRA adapters: rank > 0 trains adapters, not the policy's weights.")
 
 
 # --------------------------------------------------------------------------- hardware
@@ -182,15 +246,18 @@ class ModelSpec(Frozen):
 
 @dataclass
 class HardwareSpec(Frozen):
-    name: str = MISSING
-    accelerator: str = "cuda"  # cuda | cpu
-    nodes: int = 1
-    devices_per_node: int = 1  # GPUs, or CPU worker slots when accelerator=cpu
-    device_memory_gb: float = 0.0
-    peak_bf16_tflops: float = 0.0
-    # host memory of one node (GB): the plan checks what the run keeps there (offloaded optimizer
-    # and training states, model loading, processes); 0 = not checked
-    host_memory_gb: float = 0.0
+    """The machines: what the plan places roles on and checks memory against."""
+
+    name: str = doc(MISSING, "The hardware's name (the hardware group option).")
+    accelerator: str = doc("cuda", "cuda | cpu (cpu: DeepSpeed's CPU accelerator with gloo, HF generate).")
+    nodes: int = doc(1, "Machines in the Ray cluster.")
+    devices_per_node: int = doc(1, "GPUs per node, or CPU worker slots when accelerator=cpu.")
+    device_memory_gb: float = doc(0.0, "Memory of one GPU (GB), which the plan checks each role against.")
+    peak_bf16_tflops: float = doc(0.0, "Peak dense bf16 TFLOP/s of one device; compared when the plan "
+                                  "suggests other hardware of the same kind.")
+    host_memory_gb: float = doc(0.0, "Host memory of one node (GB): the plan checks what the run keeps there "
+                                "(offloaded optimizer and training states, model loading, processes); "
+                                "0 = not checked.")
 
 
 # --------------------------------------------------------------------------- placement
@@ -198,26 +265,27 @@ class HardwareSpec(Frozen):
 
 @dataclass
 class RolloutPlacement(Frozen):
-    engines: int = 1
-    tensor_parallel: int = 1
+    """The generation engines."""
+
+    engines: int = doc(1, "Rollout engines (data-parallel copies of the policy that generate).")
+    tensor_parallel: int = doc(1, "GPUs per engine (tensor parallelism): for models one GPU cannot hold.")
 
 
 @dataclass
 class PlacementSpec(Frozen):
     """hybrid: every role spans the same devices; disaggregated: each role gets its own."""
 
-    mode: str = MISSING  # hybrid | disaggregated
-    # disaggregated only: devices per training role (0 = role not used or not placed)
-    actor: int = 0
-    critic: int = 0
-    reference: int = 0
-    reward: int = 0
-    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
-    # hybrid only: the switches that let training and generation share a GPU
-    sleep_rollout: bool = True
-    # DeepSpeed's states leave the GPU while vLLM generates. auto: they stay when the plan's generation
-    # phase fits with them resident (rlhf.spec.auto), since moving them costs time every step.
-    offload_train_state: Any = "auto"  # auto | true | false (checked by validation)
+    mode: str = doc(MISSING, "hybrid (training and generation share every device, switching each step) | "
+                    "disaggregated (each role on its own devices, no switching, fewer devices each).")
+    actor: int = doc(0, "disaggregated: devices of the policy's trainer (0 = not placed).")
+    critic: int = doc(0, "disaggregated: devices of the critic (0 = not used).")
+    reference: int = doc(0, "disaggregated: devices of the reference model (0 = not used).")
+    reward: int = doc(0, "disaggregated: devices of the reward model (0 = not used).")
+    rollout: RolloutPlacement = docf(RolloutPlacement, "The generation engines.")
+    sleep_rollout: bool = doc(True, "hybrid: vLLM releases its weights and KV cache while training runs.")
+    offload_train_state: Any = doc("auto", "hybrid: DeepSpeed's states leave the GPU while vLLM generates: "
+                                   "auto | true | false. auto keeps them when the generation phase fits "
+                                   "with them resident, since moving them costs time every step.")
 
 
 # --------------------------------------------------------------------------- rollout / train
@@ -225,36 +293,37 @@ class PlacementSpec(Frozen):
 
 @dataclass
 class RolloutSpec(Frozen):
-    engine: str = "auto"  # auto | hf | vllm (auto: vllm on cuda, hf on cpu)
-    max_prompt_tokens: int = 64
-    max_response_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    gpu_memory_utilization: float = 0.5  # vLLM's share of each GPU
-    enforce_eager: bool = False
-    # a seed per prompt (derived from train.seed, the step and the prompt's place), so a step's
-    # samples can be drawn again. null = auto: on with HF generate; off with vLLM, whose sampler
-    # draws seeded requests one by one (a kernel per request per token) instead of in one batch
-    seeded: Optional[bool] = None
+    """Sampling of the responses."""
+
+    engine: str = doc("auto", "auto | hf | vllm (auto: vllm on cuda, hf on cpu).")
+    max_prompt_tokens: int = doc(64, "Prompts are cut to this many tokens.")
+    max_response_tokens: int = doc(16, "Generation stops after this many tokens.")
+    temperature: float = doc(1.0, "Sampling temperature; 1.0 samples the policy itself (what the "
+                             "policy-gradient math assumes).")
+    top_p: float = doc(1.0, "Nucleus sampling mass; 1.0 = off.")
+    top_k: int = doc(-1, "Sample among the k likeliest tokens; -1 = off.")
+    gpu_memory_utilization: float = doc(0.5, "vLLM's share of each GPU (weights + KV cache).")
+    enforce_eager: bool = doc(False, "vLLM without CUDA graphs: slower decoding, faster start, less memory.")
+    seeded: Optional[bool] = doc(None, "A seed per prompt (from train.seed, the step and the prompt's place), "
+                                 "so a step's samples can be drawn again. None = auto: on with HF generate; "
+                                 "off with vLLM, whose sampler draws seeded requests one by one.")
 
 
 @dataclass
 class TrainSpec(Frozen):
-    steps: int = 100
-    prompts_per_step: int = 16
-    micro_batch_size: int = 8  # samples per forward/backward on one rank
-    # Tokens per packed forward/backward on one rank (the RL passes pack samples up to this budget);
-    # None = micro_batch_size × (rollout.max_prompt_tokens + rollout.max_response_tokens). The built
-    # spec always holds an int.
-    max_tokens_per_micro_batch: Optional[int] = None
-    # 0-3, or auto: the spec build picks from the plan's memory figures (rlhf.spec.auto): ZeRO-3
-    # only when several ranks share the model and ZeRO-2 does not fit; 0 on CPU. The built spec holds an int.
-    zero_stage: Any = "auto"  # auto | 0-3 (checked by validation)
-    seed: int = 0
-    # Adam's state in host memory (DeepSpeed's CPU Adam); auto: on only when the training figure does
-    # not fit otherwise. The built spec holds a bool.
-    offload_optimizer: Any = "auto"  # auto | true | false (checked by validation)
+    """Steps, batch sizes and memory options of training."""
+
+    steps: int = doc(100, "Training steps (RL: rollout + update rounds; sft/rm/dpo: optimizer steps).")
+    prompts_per_step: int = doc(16, "Prompts per step; the batch is prompts_per_step x algo.group_size samples.")
+    micro_batch_size: int = doc(8, "Samples per forward/backward on one rank.")
+    max_tokens_per_micro_batch: Optional[int] = doc(None, "Tokens per packed forward/backward on one rank (RL "
+                                                    "passes pack samples up to it); None = micro_batch_size x "
+                                                    "(max_prompt_tokens + max_response_tokens).")
+    zero_stage: Any = doc("auto", "DeepSpeed ZeRO stage 0-3, or auto: ZeRO-3 only when several ranks share the "
+                          "model and ZeRO-2 does not fit; 0 on CPU.")
+    seed: int = doc(0, "Seed of data order, sampling and initialisation.")
+    offload_optimizer: Any = doc("auto", "Adam's state in host memory (DeepSpeed's CPU Adam): auto | true | "
+                                 "false. auto: only when training does not fit otherwise (slower steps).")
 
 
 # --------------------------------------------------------------------------- data / reward / tracking
@@ -262,99 +331,113 @@ class TrainSpec(Frozen):
 
 @dataclass
 class DataSpec(Frozen):
-    name: str = MISSING
-    # paths, builtin:<task>/<split>, or Hub data sets: hub:<org>/<name>[@<revision>][:<config>]:<split>
-    train_files: list[str] = field(default_factory=list)
-    eval_files: list[str] = field(default_factory=list)
-    weights: Optional[list[float]] = None  # mixing weights, one per train file
-    prompt_key: str = "prompt"
-    response_key: str = "response"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    messages_key: str = "messages"
-    columns: list[str] = field(default_factory=list)  # renames in every file's rows, old:new, e.g. [question:prompt]
-    chat_template: bool = False  # render prompts with the tokenizer's chat template
-    # sft/rm/dpo: tokens per example (prompt + response); None = rollout.max_prompt_tokens + max_response_tokens
-    max_length: Optional[int] = None
-    truncation: str = "right"  # sft/rm/dpo, examples over max_length: right | left (cut the prompt's start) | drop
-    shuffle: bool = True
+    """The data sets and how their rows become prompts and examples."""
+
+    name: str = doc(MISSING, "The data set's name (the data group option).")
+    train_files: list[str] = docf(list, "Paths, builtin:<task>/<split>, or Hub data sets "
+                                  "hub:<org>/<name>[@<revision>][:<config>]:<split>.")
+    eval_files: list[str] = docf(list, "Evaluation files, in the same forms as train_files.")
+    weights: Optional[list[float]] = doc(None, "Mixing weights, one per train file; None = concatenate.")
+    prompt_key: str = doc("prompt", "The column holding the prompt.")
+    response_key: str = doc("response", "sft: the column holding the target response.")
+    chosen_key: str = doc("chosen", "rm/dpo: the column holding the preferred response.")
+    rejected_key: str = doc("rejected", "rm/dpo: the column holding the dispreferred response.")
+    messages_key: str = doc("messages", "The column holding a chat (a list of role/content messages).")
+    columns: list[str] = docf(list, "Renames in every file's rows, old:new, e.g. [question:prompt].")
+    chat_template: bool = doc(False, "Render prompts with the tokenizer's chat template.")
+    max_length: Optional[int] = doc(None, "sft/rm/dpo: tokens per example (prompt + response); None = "
+                                    "rollout.max_prompt_tokens + rollout.max_response_tokens.")
+    truncation: str = doc("right", "sft/rm/dpo, examples over max_length: right | left (cut the prompt's "
+                          "start) | drop.")
+    shuffle: bool = doc(True, "Shuffle the training rows (seeded by train.seed).")
 
 
 @dataclass
 class RewardFnSpec(Frozen):
-    fn: str = MISSING  # module:function or path/to/file.py:function
-    weight: float = 1.0
-    name: Optional[str] = None
+    """A reward function scored on each response."""
+
+    fn: str = doc(MISSING, "module:function or path/to/file.py:function.")
+    weight: float = doc(1.0, "The function's weight in the summed reward.")
+    name: Optional[str] = doc(None, "Its name in metrics (reward/<name>/mean); None = the function's name.")
 
 
 @dataclass
 class RemoteRewardSpec(Frozen):
     """An HTTP reward service (``rlhf-reward-server`` or anything speaking ``rlhf.rewards.remote``)."""
 
-    urls: list[str] = field(default_factory=list)  # http://host:port, requests spread round-robin
-    weight: float = 1.0
-    name: str = "remote"  # the part's name in metrics (reward/<name>/mean)
-    batch_size: int = 64  # samples per request
-    concurrency: int = 4  # requests in flight
-    timeout_s: float = 60.0  # per request
-    retries: int = 3  # extra attempts per request (next URL, exponential backoff)
+    urls: list[str] = docf(list, "http://host:port of each server; requests spread round-robin.")
+    weight: float = doc(1.0, "The service's weight in the summed reward.")
+    name: str = doc("remote", "The part's name in metrics (reward/<name>/mean).")
+    batch_size: int = doc(64, "Samples per request.")
+    concurrency: int = doc(4, "Requests in flight.")
+    timeout_s: float = doc(60.0, "Seconds per request.")
+    retries: int = doc(3, "Extra attempts per request (next URL, exponential backoff).")
 
 
 @dataclass
 class RewardSpec(Frozen):
-    name: str = MISSING
-    functions: list[RewardFnSpec] = field(default_factory=list)
-    remote: Optional[RemoteRewardSpec] = None  # a reward service, scored beside the functions
-    model_path: Optional[str] = None  # a reward model checkpoint (scalar head): local dir or Hub id
-    model_revision: Optional[str] = None  # model_path's branch, tag or commit when it is a Hub id
-    model_weight: float = 1.0
-    timeout_s: float = 60.0
+    """What scores a response: functions, a remote service and/or a reward model, summed by weight."""
+
+    name: str = doc(MISSING, "The reward's name (the reward group option).")
+    functions: list[RewardFnSpec] = docf(list, "Reward functions (fn, weight, name), scored on every response.")
+    remote: Optional[RemoteRewardSpec] = doc(None, "A reward service, scored beside the functions; None = none.")
+    model_path: Optional[str] = doc(None, "A reward model checkpoint (scalar head): local dir or Hub id.")
+    model_revision: Optional[str] = doc(None, "model_path's branch, tag or commit when it is a Hub id.")
+    model_weight: float = doc(1.0, "The reward model's weight in the summed reward.")
+    timeout_s: float = doc(60.0, "Seconds a reward function may take before it counts as hung.")
 
 
 @dataclass
 class TrackingSpec(Frozen):
-    backend: str = "mlflow"  # mlflow | none
-    uri: Optional[str] = None  # None: a sqlite store under the output root
-    experiment: str = "rlhf"
-    console: str = "rich"  # rich | plain | none
-    log_every: int = 1
-    # what a sweep (-m) returns to Hydra's sweeper, e.g. Optuna's objective: this metric's mean over
-    # the last fifth of the steps that logged it (reward/mean, eval/greedy/reward_mean, ...)
-    objective: str = "reward/mean"
+    """Metrics: where they are stored and shown."""
+
+    backend: str = doc("mlflow", "mlflow | none.")
+    uri: Optional[str] = doc(None, "The tracking URI; None = a sqlite store under the output root.")
+    experiment: str = doc("rlhf", "The experiment's name in the tracking store.")
+    console: str = doc("rich", "Console progress: rich | plain | none.")
+    log_every: int = doc(1, "Steps between metric logs.")
+    objective: str = doc("reward/mean", "What a sweep (-m) returns to Hydra's sweeper (e.g. Optuna's "
+                         "objective): this metric's mean over the last fifth of the steps that logged it.")
 
 
 @dataclass
 class CheckpointSpec(Frozen):
-    every: int = 0  # steps; 0 = only at the end (and at a stop by Ctrl-C / SIGTERM)
-    keep_last: int = 2
-    save_hf: bool = True  # an HF-format export of each trained role inside every checkpoint
-    best_metric: Optional[str] = None  # e.g. eval/greedy/reward_mean: its best (highest) checkpoint survives rotation
+    """Saving and rotating checkpoints."""
+
+    every: int = doc(0, "Steps between checkpoints; 0 = only at the end (and at a stop by Ctrl-C / SIGTERM).")
+    keep_last: int = doc(2, "Newest checkpoints kept; older ones are deleted.")
+    save_hf: bool = doc(True, "An HF-format export of each trained role inside every checkpoint.")
+    best_metric: Optional[str] = doc(None, "e.g. eval/greedy/reward_mean: its best (highest) checkpoint "
+                                     "survives rotation; None = off.")
 
 
 @dataclass
 class EvalSpec(Frozen):
     """RL evaluation on data.eval_files (rlhf.loops.rl_eval): greedy and sampled, per data source."""
 
-    every: int = 0  # steps between evaluations (and after the last step); 0 = off
-    n_samples: int = 4  # sampled responses per prompt: pass@n_samples
-    pass_threshold: float = 1.0  # a response passes when its reward is >= this
-    max_prompts: Optional[int] = None  # the first N eval prompts; None = all
-    # also evaluate the starting policy before the first step (logged with step 1 as eval_before/...)
-    before_training: bool = False
+    every: int = doc(0, "Steps between evaluations (and after the last step); 0 = off.")
+    n_samples: int = doc(4, "Sampled responses per prompt: pass@n_samples.")
+    pass_threshold: float = doc(1.0, "A response passes when its reward is >= this.")
+    max_prompts: Optional[int] = doc(None, "The first N eval prompts; None = all.")
+    before_training: bool = doc(False, "Also evaluate the starting policy before the first step (logged with "
+                                "step 1 as eval_before/...).")
 
 
 @dataclass
 class EnvSpec(Frozen):
     """A multi-turn environment (rlhf.envs): the model and the environment take turns."""
 
-    fn: Optional[str] = None  # module:Class (reset(row), step(response) -> feedback, reward, done); None = single turn
-    max_turns: int = 1  # model turns per episode (at most)
+    fn: Optional[str] = doc(None, "module:Class with reset(row) and step(response) -> feedback, reward, done; "
+                            "None = single turn.")
+    max_turns: int = doc(1, "Model turns per episode (at most).")
 
 
 @dataclass
 class RaySpec(Frozen):
-    address: Optional[str] = None  # join an existing cluster ("auto" or host:port); None starts a local one
-    num_cpus: Optional[int] = None
+    """The Ray cluster."""
+
+    address: Optional[str] = doc(None, "Join an existing cluster (auto or host:port); None starts a local one.")
+    num_cpus: Optional[int] = doc(None, "CPUs of the local cluster; None = Ray's own count.")
 
 
 # --------------------------------------------------------------------------- root
@@ -364,22 +447,22 @@ class RaySpec(Frozen):
 class RunConfig:
     """The root schema; ``algo`` is typed by its group file (RLAlgo, DPOAlgo, ...)."""
 
-    algo: Any = MISSING
-    model: ModelSpec = MISSING
-    hardware: HardwareSpec = MISSING
-    placement: PlacementSpec = MISSING
-    data: DataSpec = MISSING
-    reward: RewardSpec = MISSING
-    tracking: TrackingSpec = MISSING
-    rollout: RolloutSpec = field(default_factory=RolloutSpec)
-    train: TrainSpec = field(default_factory=TrainSpec)
-    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
-    ray: RaySpec = field(default_factory=RaySpec)
-    eval: EvalSpec = field(default_factory=EvalSpec)
-    env: EnvSpec = field(default_factory=EnvSpec)
-    mode: str = "run"  # run | plan
-    output_dir: Optional[str] = None  # the run directory; None: Hydra's hydra.run.dir
-    resume: Optional[str] = None
+    algo: Any = doc(MISSING, "The training algorithm (group algo): RL (ppo, grpo, ...), dpo, rm or sft.")
+    model: ModelSpec = doc(MISSING, "The policy model (group model).")
+    hardware: HardwareSpec = doc(MISSING, "The machines (group hardware).")
+    placement: PlacementSpec = doc(MISSING, "How roles share the devices (group placement).")
+    data: DataSpec = doc(MISSING, "The data sets (group data).")
+    reward: RewardSpec = doc(MISSING, "What scores responses (group reward).")
+    tracking: TrackingSpec = doc(MISSING, "Metrics tracking (group tracking).")
+    rollout: RolloutSpec = docf(RolloutSpec, "Sampling of the responses.")
+    train: TrainSpec = docf(TrainSpec, "Steps, batch sizes and memory options.")
+    checkpoint: CheckpointSpec = docf(CheckpointSpec, "Checkpoints.")
+    ray: RaySpec = docf(RaySpec, "The Ray cluster.")
+    eval: EvalSpec = docf(EvalSpec, "RL evaluation.")
+    env: EnvSpec = docf(EnvSpec, "A multi-turn environment.")
+    mode: str = doc("run", "run | plan (plan: print the plan and exit; what --plan sets).")
+    output_dir: Optional[str] = doc(None, "The run directory; None: Hydra's hydra.run.dir.")
+    resume: Optional[str] = doc(None, "A run dir to continue from its newest checkpoint.")
 
 
 def register() -> None:
