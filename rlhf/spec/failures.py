@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# loop phases that run on the training side of a hybrid GPU (the rest is generation)
-TRAINING_PHASES = ("to_train", "reference", "old_logp", "critic", "update", "sync", "reward")
+# the disaggregated figure of each phase that runs on a training role (generation: "rollout")
+ROLE_OF_PHASE = {"reference": "reference", "critic": "critic", "reward": "reward"}
 
 
 def is_cuda_oom(e: BaseException) -> bool:
@@ -24,31 +24,21 @@ def is_cuda_oom(e: BaseException) -> bool:
 
 
 def oom_message(spec: Any, phase: str) -> str:
-    """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``."""
+    """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``: the settings are the
+    plan's own checked suggestions (rlhf.spec.advice) that lower that phase's figure."""
+    from rlhf.spec.advice import suggestions
     from rlhf.spec.memory import estimate
 
     est = estimate(spec)
-    hybrid = spec.placement.mode == "hybrid"
     generation = phase == "generate"
-    if hybrid:
-        figure = "generation phase" if generation else "training phase"
+    if spec.placement.mode == "hybrid":  # the weight sync wakes vLLM: its share is what grows
+        figure = "generation phase" if generation or phase == "sync" else "training phase"
     else:
-        figure = "rollout" if generation else ("actor" if phase in ("update", "old_logp", "sync") else
-                                                {"reference": "reference", "critic": "critic"}.get(phase, "actor"))
-    planned = f"{est.total(figure):.1f} GB" if figure in est.figures else "an unknown amount"
-    cap = spec.hardware.device_memory_gb
-    tips: list[str] = []
-    if generation or (hybrid and phase == "sync"):
-        tips.append(f"rollout.gpu_memory_utilization={max(spec.rollout.gpu_memory_utilization - 0.1, 0.1):.1f}")
-        if hybrid and not spec.placement.offload_train_state:
-            tips.append("placement.offload_train_state=true")
-    else:
-        budget = getattr(spec.train, "max_tokens_per_micro_batch", None)
-        if budget:
-            tips.append(f"train.max_tokens_per_micro_batch={max(budget // 2, 1)}")
-        if not spec.model.gradient_checkpointing:
-            tips.append("model.gradient_checkpointing=true")
-        if not spec.train.offload_optimizer and spec.train.zero_stage > 0:
-            tips.append("train.offload_optimizer=true")
-    return (f"CUDA out of memory in the {phase} phase: the plan estimated {planned} of {cap:g} for the "
-            f"{figure}. Try {'; '.join(tips) or 'more GPUs or a smaller model'} (see rlhf-run ... --plan).")
+        figure = "rollout" if generation else ROLE_OF_PHASE.get(phase, "actor")
+    planned = est.total(figure) if figure in est.figures else None
+    tips = [" ".join(s.overrides) for s in suggestions(spec, est, figure)
+            if planned is None or s.total < planned - 0.05][:3]
+    said = f"{planned:.1f} GB" if planned is not None else "an unknown amount"
+    return (f"CUDA out of memory in the {phase} phase: the plan estimated {said} of "
+            f"{spec.hardware.device_memory_gb:g} for the {figure}. Try {'; '.join(tips) or 'more GPUs or a smaller model'}"
+            " (see rlhf-run ... --plan).")

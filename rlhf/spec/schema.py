@@ -42,6 +42,27 @@ def docf(factory: Callable[[], Any], help: str) -> Any:
     return field(default_factory=factory, metadata={"help": help})
 
 
+# the optimizer fields every trainer has, one help text each
+def _lr(default: float) -> Any:
+    return doc(default, "Peak learning rate (AdamW).")
+
+
+def _weight_decay() -> Any:
+    return doc(0.0, "AdamW's decoupled weight decay.")
+
+
+def _warmup_steps() -> Any:
+    return doc(0, "Optimizer steps of linear learning-rate warm-up from 0 to lr.")
+
+
+def _max_grad_norm() -> Any:
+    return doc(1.0, "Clip the global gradient norm to this value before each optimizer step.")
+
+
+def _eval_fraction(what: str) -> Any:
+    return doc(0.1, f"Share of the training {what} held out for evaluation when data.eval_files is empty.")
+
+
 def undocumented_fields() -> list[str]:
     """``Class.field`` of every schema field without a help text (a test keeps this empty)."""
     out = []
@@ -124,9 +145,9 @@ class RLAlgo(Frozen):
     kl: KLSpec = docf(KLSpec, "The KL penalty against the reference policy.")
     critic: Optional[CriticSpec] = doc(None, "The value model (needed by gae); None for critic-free estimators.")
     lr: float = doc(1e-6, "The policy's peak learning rate (AdamW).")
-    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
-    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up from 0 to lr.")
-    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each optimizer step.")
+    weight_decay: float = _weight_decay()
+    warmup_steps: int = _warmup_steps()
+    max_grad_norm: float = _max_grad_norm()
     epochs: int = doc(1, "Passes over each rollout batch; > 1 reuses samples (more off-policy, clipped by the ratio).")
     mini_batch_size: Optional[int] = doc(None, "Samples per optimizer step (global); None = the whole batch in "
                                          "one step. Smaller means more updates per rollout batch.")
@@ -152,13 +173,12 @@ class DPOAlgo(Frozen):
                          "Azar et al. 2023) or hinge (SLiC-HF, Zhao et al. 2023).")
     label_smoothing: float = doc(0.0, "Assumed share of flipped preference labels (cDPO); 0 = trust the labels.")
     reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its start.")
-    lr: float = doc(5e-7, "Peak learning rate (AdamW).")
-    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
-    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
-    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    lr: float = _lr(5e-7)
+    weight_decay: float = _weight_decay()
+    warmup_steps: int = _warmup_steps()
+    max_grad_norm: float = _max_grad_norm()
     epochs: int = doc(1, "Passes over the training pairs.")
-    eval_fraction: float = doc(0.1, "Share of the training pairs held out for evaluation when data.eval_files "
-                               "is empty.")
+    eval_fraction: float = _eval_fraction("pairs")
     packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
@@ -170,13 +190,12 @@ class RMAlgo(Frozen):
     kind: str = doc("rm", "Which trainer runs: rm; fixed per schema.")
     margin: Optional[float] = doc(None, "Required score margin between chosen and rejected (Llama 2's margin "
                                   "loss); None = plain Bradley-Terry.")
-    lr: float = doc(1e-5, "Peak learning rate (AdamW).")
-    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
-    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
-    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    lr: float = _lr(1e-5)
+    weight_decay: float = _weight_decay()
+    warmup_steps: int = _warmup_steps()
+    max_grad_norm: float = _max_grad_norm()
     epochs: int = doc(1, "Passes over the training pairs.")
-    eval_fraction: float = doc(0.1, "Share of the training pairs held out for evaluation when data.eval_files "
-                               "is empty.")
+    eval_fraction: float = _eval_fraction("pairs")
     packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
@@ -186,13 +205,12 @@ class SFTAlgo(Frozen):
 
     name: str = doc("sft", "The algorithm's name (the algo group option).")
     kind: str = doc("sft", "Which trainer runs: sft; fixed per schema.")
-    lr: float = doc(1e-5, "Peak learning rate (AdamW).")
-    weight_decay: float = doc(0.0, "AdamW's decoupled weight decay.")
-    warmup_steps: int = doc(0, "Optimizer steps of linear learning-rate warm-up.")
-    max_grad_norm: float = doc(1.0, "Clip the global gradient norm to this value before each step.")
+    lr: float = _lr(1e-5)
+    weight_decay: float = _weight_decay()
+    warmup_steps: int = _warmup_steps()
+    max_grad_norm: float = _max_grad_norm()
     epochs: int = doc(1, "Passes over the training examples.")
-    eval_fraction: float = doc(0.1, "Share of the training examples held out for evaluation when "
-                               "data.eval_files is empty.")
+    eval_fraction: float = _eval_fraction("examples")
     packing: bool = doc(False, "Pack several examples of a micro-batch into shared rows (less padding).")
 
 

@@ -154,16 +154,11 @@ class _Model(Worker):
 
     # -- the RL passes run padding-free (rlhf.data.packing): micro-batches of at most
     #    ``train.max_tokens_per_micro_batch`` real tokens, the same number on every rank
-    def token_budget(self) -> int:
-        t, r = self.spec.train, self.spec.rollout
-        return getattr(t, "max_tokens_per_micro_batch", None) or \
-            self.spec.batch.micro_batch_size * (r.max_prompt_tokens + r.max_response_tokens)
-
     def packed_micro_batches(self, batch: Batch) -> list[tuple[list[int], dict]]:
         """``[(rows, packed)]`` covering the local batch's rows in order."""
         plen, rlen = real_lengths(batch)
         n = (plen + rlen).tolist()
-        groups = token_groups(n, self.token_budget())
+        groups = token_groups(n, self.spec.train.max_tokens_per_micro_batch)
         groups = split_to_count(groups, n, self._max_over_ranks(len(groups)))
         return [(rows, pack(batch, rows)) for rows in groups]
 
@@ -195,14 +190,18 @@ class _Model(Worker):
                                     vocab=model.config.vocab_size)
 
     @torch.no_grad()
-    def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
+    def per_token(self, batch: Batch, fn) -> torch.Tensor:
+        """``fn(packed)`` (flat ``[M]`` values of a packed micro-batch's response tokens) over the
+        whole local batch, back in the padded layout ``[B, R]`` on the CPU (0 off the response)."""
         R = response_width(batch)
         out = torch.zeros(size(batch), R)
         for rows, p in self.packed_micro_batches(batch):
             if rows:
-                lp, _ = self._token_logprobs(module, p)
-                out[rows] = unpack(lp.float().cpu(), p, len(rows), R)
+                out[rows] = unpack(fn(p).float().cpu(), p, len(rows), R)
         return out
+
+    def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
+        return self.per_token(batch, lambda p: self._token_logprobs(module, p)[0])
 
     # -- checkpoints (rlhf.ckpt.training): the DeepSpeed state (weights, optimizer, scheduler) and
     #    this process's RNG under <checkpoint dir>/<role>/; every rank calls (the save is collective)
@@ -523,15 +522,9 @@ class CriticWorker(TrainStateMixin, _Model):
         out = module(**packed_kwargs(packed, dev)).logits[0, :, 0]
         return out[packed["pred_index"].to(dev)].float()
 
-    @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         self.engine.eval()
-        R = response_width(batch)
-        out = torch.zeros(size(batch), R)
-        for rows, p in self.packed_micro_batches(batch):
-            if rows:
-                out[rows] = unpack(self._values(p).cpu(), p, len(rows), R)
-        return out
+        return self.per_token(batch, self._values)
 
     def update(self, batch: Batch, denominators: list[float]) -> Stats:
         from rlhf.algos import micro_batch_loss, value_loss

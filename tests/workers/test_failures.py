@@ -23,8 +23,9 @@ class _RayTaskError(Exception):  # what Ray raises in the driver: the worker's e
 
 def _assert_valid_overrides(msg, base):
     tips = msg.split("Try ", 1)[1].split(" (see")[0].split("; ")
+    assert tips and tips[0]
     for tip in tips:
-        _spec(base + [tip])  # every suggested setting composes and validates
+        _spec(base + tip.split())  # every suggested setting (one or more overrides) composes and validates
 
 
 @pytest.mark.parametrize("phase", ["update", "reference", "generate"])
