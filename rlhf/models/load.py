@@ -12,12 +12,15 @@ Model kinds:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlhf.hub import is_repo_id
 from rlhf.spec.errors import UserError
+
+log = logging.getLogger(__name__)
 
 KINDS = ("causal_lm", "token_value", "sequence_score")
 
@@ -191,9 +194,11 @@ def load_model(path: str, kind: str = "causal_lm", dtype: str = "float32", pad_t
     return model
 
 
-def apply_liger(model) -> None:
+def apply_liger(model, required: bool = True) -> bool:
     """Liger's fused RMSNorm, SwiGLU and RoPE kernels in this model instance (``model.liger_kernels``).
-    Its fused cross-entropy stays off: log-probs are computed by ``rlhf.algos.logprobs``."""
+    Its fused cross-entropy stays off: log-probs are computed by ``rlhf.algos.logprobs``.
+    ``required=False`` (the setting was auto): a model type Liger does not cover runs without; returns
+    whether the kernels were applied."""
     import inspect
 
     try:
@@ -205,9 +210,13 @@ def apply_liger(model) -> None:
     model_type = getattr(base.config, "model_type", None)
     fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if fn is None:
+        if not required:
+            log.info("model.liger_kernels=auto: Liger has no kernels for model_type=%r; running without", model_type)
+            return False
         raise UserError(f"model.liger_kernels=true: Liger has no kernels for model_type={model_type!r}. "
                         "Use model.liger_kernels=false.")
     want = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
             "fused_linear_cross_entropy": False, "model": base}
     params = inspect.signature(fn).parameters
     fn(**{k: v for k, v in want.items() if k in params})
+    return True

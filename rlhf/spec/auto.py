@@ -11,12 +11,15 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
   gather to every pass.
 - ``train.offload_optimizer`` auto: on only when the training figures do not fit with Adam's state
   on the GPU (it needs ZeRO >= 1).
+- ``model.liger_kernels`` auto: on for CUDA runs when the ``liger-kernel`` package can be imported
+  (the driver's environment is the workers'); a model type Liger does not cover then runs without.
 - ``placement.offload_train_state`` auto: in hybrid placement on GPUs, the training states stay on
   the GPU while vLLM generates when both phases fit that way; otherwise they move to host memory.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +67,20 @@ def resolve(spec: Any) -> tuple[Decision, ...]:
         spec.rollout.seeded = spec.rollout_engine == "hf"
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
                             "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
+    if spec.model.liger_kernels == AUTO:
+        spec.model.liger_kernels = (spec.hardware.accelerator == "cuda"
+                                    and importlib.util.find_spec("liger_kernel") is not None)
+        why = ("the liger-kernel package is installed" if spec.model.liger_kernels else
+               "CPU run" if spec.hardware.accelerator != "cuda" else "the liger-kernel package is not installed")
+        out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))
     out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)
+
+
+def chosen(spec: Any, key: str) -> bool:
+    """Whether the build decided ``key`` (it was auto / null in the config)."""
+    return any(d.key == key for d in spec.auto)
 
 
 def _zero_and_offload(spec: Any) -> list[Decision]:

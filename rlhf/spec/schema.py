@@ -254,8 +254,9 @@ class ModelSpec(Frozen):
     dtype: str = doc("bfloat16", "Weights' dtype: bfloat16 | float16 | float32.")
     gradient_checkpointing: bool = doc(False, "Recompute activations in the backward pass: much less "
                                        "activation memory for about a third more compute.")
-    liger_kernels: bool = doc(False, "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
-                              "training-side models (fewer fused elementwise passes).")
+    liger_kernels: Any = doc("auto", "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
+                             "training-side models (fewer elementwise passes, less activation memory). "
+                             "auto: on for CUDA runs when the liger-kernel package is installed.")
     lora: LoraSpec = docf(LoraSpec, "LoRA adapters: rank > 0 trains adapters, not the policy's weights.")
 
 

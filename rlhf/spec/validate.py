@@ -133,7 +133,9 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
         return p
     _lora_problems(p, s)
-    if s["model"].liger_kernels and hw.accelerator != "cuda":
+    if not _is(s["model"].liger_kernels, ("auto", True, False)):
+        p.append(f"model.liger_kernels={s['model'].liger_kernels!r} is not valid. Use auto, true or false.")
+    elif s["model"].liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":

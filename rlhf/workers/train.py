@@ -112,8 +112,9 @@ class _Model(Worker):
                 m.p = 0.0
         if self.spec.model.liger_kernels:
             from rlhf.models.load import apply_liger
+            from rlhf.spec.auto import chosen
 
-            apply_liger(model)
+            apply_liger(model, required=not chosen(self.spec, "model.liger_kernels"))
         from rlhf.models.varlen import use_varlen
 
         use_varlen(model)  # packed RL passes attend within each sample; padded calls are unchanged
