@@ -55,6 +55,7 @@ import json
 import os
 import shlex
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,7 +138,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="our placement.offload_train_state (auto: resident when the plan says both phases fit)")
     ap.add_argument("--ours-tokens", type=int, default=32768,
                     help="our train.max_tokens_per_micro_batch (packed micro-batches)")
-    ap.add_argument("--liger", action="store_true", help="our model.liger_kernels=true")
+    ap.add_argument("--liger", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
+                    help="our model.liger_kernels (default auto: on when liger-kernel is installed)")
     ap.add_argument("--trl-sleep", choices=("on", "off"), default=None, help="TRL's vllm_enable_sleep_mode alone")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"), default="bfloat16",
                     help="TRL's model weights (bfloat16: its fastest; float32 = TRL's default, bf16 autocast)")
@@ -296,7 +298,7 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
         f"placement.sleep_rollout={on}",
         f"placement.offload_train_state={a.offload if a.sleep == 'on' else 'false'}",
         f"train.max_tokens_per_micro_batch={a.ours_tokens}",
-        f"model.liger_kernels={'true' if a.liger else 'false'}",
+        f"model.liger_kernels={a.liger}",
         "tracking.console=plain",
         f"output_dir={run_dir}",
     ]
@@ -734,7 +736,7 @@ def report(a, res: dict) -> str:
         f"{a.prompts_per_step} prompts x {a.group}, <= {a.max_new} new tokens, micro {a.micro} "
         f"({grad_accum(a)} accum), lr {a.lr:g}, KL {a.kl:g}, sleep ours {a.sleep} / TRL {a.trl_sleep}; "
         f"ours: ≤ {a.ours_tokens} tokens per packed micro-batch, offload_train_state={a.offload}, "
-        f"liger {'on' if a.liger else 'off'}{' ' + a.ours_extra if a.ours_extra else ''}; TRL weights {a.trl_dtype}; "
+        f"liger_kernels={a.liger}{' ' + a.ours_extra if a.ours_extra else ''}; TRL weights {a.trl_dtype}; "
         f"mean of steps {a.warmup + 1}..{total_steps(a)} ({a.warmup} warm-up)",
         "| phase (s) | ours | TRL | TRL/ours |",
         "| --- | --- | --- | --- |",
@@ -894,8 +896,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run_ours(a, model: str, prompts_file: str, work: Path, timeout: float, samples: int) -> dict:
     run_dir = work / "ours_run"
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
     metrics = run_dir / "metrics.jsonl"
     n = total_steps(a)
@@ -911,6 +911,8 @@ def run_ours(a, model: str, prompts_file: str, work: Path, timeout: float, sampl
 
     end = run_side("ours", cmd, child_env({}), timeout, work / "ours.log", done=done)
     rows = ours_rows(metrics)
+    if os.environ.get("OUT") and metrics.exists():  # the device call brings $OUT back: every metric of our run
+        shutil.copy(metrics, Path(os.environ["OUT"]) / f"e2e_ours_metrics_{a.preset}_{a.max_new}.jsonl")
     steps = [ours_step(r, samples) for r in rows]
     out = {"end": end, "steps": steps, "summary": summarize(steps, a.warmup), "first_step_s": first.get("t")}
     return with_status(out, len(steps), n, end, "ours")

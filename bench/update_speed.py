@@ -8,7 +8,7 @@ with ``rlhf_varlen`` attention and ``rlhf.algos.logprobs_from_hidden`` (log-prob
 backward of ``sum(logp) + 0.01 sum(entropy)``. Variants:
 
 * ``base``: as the trainer runs by default (written-out LM-head backward, eager elementwise);
-* ``compiled_head``: the head's elementwise passes compiled by torch.compile (``RLHF_COMPILE=1``);
+* ``compiled_head``: the head's elementwise passes compiled by torch.compile (``train.compile_logprobs``);
 * ``ckpt_head``: the LM head through the generic checkpointed-autograd path (what a LoRA-adapted
   or ZeRO-3 head takes);
 * ``liger``: ``base`` with Liger's RMSNorm/SwiGLU/RoPE kernels (``model.liger_kernels=true``).
@@ -56,13 +56,14 @@ class _Wrapped(torch.nn.Module):
         return self.head(x)
 
 
-def _update(model, micro, head) -> None:
+def _update(model, micro, head, compile: bool) -> None:
     from rlhf.algos import logprobs_from_hidden
     from rlhf.models.varlen import packed_kwargs
 
     for p in micro:
         hidden = model.base_model(**packed_kwargs(p, "cuda")).last_hidden_state[0][p["pred_index"].cuda()]
-        lp, ent = logprobs_from_hidden(hidden, head, p["targets"].cuda(), 1.0, True, vocab=model.config.vocab_size)
+        lp, ent = logprobs_from_hidden(hidden, head, p["targets"].cuda(), 1.0, True, vocab=model.config.vocab_size,
+                                       compile=compile)
         (lp.sum() + 0.01 * ent.sum()).backward()
 
 
@@ -84,11 +85,8 @@ def main(argv=None) -> int:
 
     path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)
     results = {}
-    import os
-
     for variant in a.variants.split(","):
-        os.environ["RLHF_COMPILE"] = "1" if variant == "compiled_head" else "0"
-        model = _model(path, liger=variant == "liger")
+        model = _model(path, liger="liger" in variant)
         head = model.get_output_embeddings()
         if variant == "ckpt_head":
             head = _Wrapped(head)
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
         flops = sum(3 * shape.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
                                       float(p["sq_lengths"])) for p in micro)
         t0 = time.perf_counter()
-        _update(model, micro, head)  # warm-up (and compilation)
+        _update(model, micro, head, "compiled" in variant)  # warm-up (and compilation)
         torch.cuda.synchronize()
         warm = time.perf_counter() - t0
         times = []
@@ -107,7 +105,7 @@ def main(argv=None) -> int:
             model.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             t = time.perf_counter()
-            _update(model, micro, head)
+            _update(model, micro, head, "compiled" in variant)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         s = sorted(times)[len(times) // 2]
@@ -118,7 +116,7 @@ def main(argv=None) -> int:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                _update(model, micro, head)
+                _update(model, micro, head, "compiled" in variant)
                 torch.cuda.synchronize()
             kinds: dict[str, float] = {}
             for ev in prof.key_averages():

@@ -61,20 +61,21 @@ class _LinearLogprobs(torch.autograd.Function):
     """``(logp, entropy)`` of ``tokens`` under ``(hidden @ weight^T) / tau``, chunked (module doc)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, tau: float, with_entropy: bool, rows: int):  # type: ignore[override]
+    def forward(ctx, hidden, weight, tokens, tau: float, with_entropy: bool, rows: int,  # type: ignore[override]
+                compile: bool = False):
         M = hidden.shape[0]
         dt = torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(M, dtype=dt, device=hidden.device)
         lse = torch.empty(M, dtype=dt, device=hidden.device)
         ez = torch.empty(M, dtype=dt, device=hidden.device) if with_entropy else lse
-        stats = _kernel(_chunk_stats, hidden)
+        stats = _kernel(_chunk_stats, hidden, compile)
         for s in range(0, M, rows):
             lp_c, lse_c, ez_c = stats(hidden[s:s + rows] @ weight.t(), tokens[s:s + rows], tau, with_entropy)
             logp[s:s + rows], lse[s:s + rows] = lp_c, lse_c
             if with_entropy:
                 ez[s:s + rows] = ez_c
         ctx.save_for_backward(hidden, weight, tokens, lse, ez)
-        ctx.tau, ctx.rows, ctx.with_entropy = tau, rows, with_entropy
+        ctx.tau, ctx.rows, ctx.with_entropy, ctx.compile = tau, rows, with_entropy, compile
         return logp, ((lse - ez) if with_entropy else None)
 
     @staticmethod
@@ -88,7 +89,7 @@ class _LinearLogprobs(torch.autograd.Function):
         d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
         e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else torch.zeros_like(lse)
-        grad = _kernel(_chunk_grad, hidden)
+        grad = _kernel(_chunk_grad, hidden, ctx.compile)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
             sl = slice(s, s + rows)
@@ -97,7 +98,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 d_hidden[s:s + rows] = (dz @ weight).to(hidden.dtype)
             if need_w:  # the chunk's product in the weights' dtype, summed in float32
                 d_weight.add_(dz.t() @ h.to(weight.dtype))
-        return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None
+        return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 
 def _chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_entropy: bool):
@@ -123,13 +124,11 @@ def _chunk_grad(logits, tokens, lse, ez, g, e, tau: float):
 _compiled: dict = {}
 
 
-def _kernel(fn, like: torch.Tensor):
+def _kernel(fn, like: torch.Tensor, compile: bool):
     """``fn`` compiled by torch.compile (its elementwise passes over a chunk fused into a few
-    kernels; shapes dynamic) on CUDA when ``RLHF_COMPILE=1``; ``fn`` itself otherwise, and from
-    the first call whose compilation fails on (one warning)."""
-    import os
-
-    if not like.is_cuda or os.environ.get("RLHF_COMPILE", "0") != "1":
+    kernels; shapes dynamic) when ``compile`` and on CUDA; ``fn`` itself otherwise, and from the
+    first call whose compilation fails on (one warning)."""
+    if not compile or not like.is_cuda:
         return fn
     if fn not in _compiled:
         _compiled[fn] = _guarded(fn, torch.compile(fn, dynamic=True))
@@ -154,11 +153,13 @@ def _guarded(fn, compiled):
 
 def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
                          temperature: float = 1.0, with_entropy: bool = False, vocab: Optional[int] = None,
-                         chunk_elements: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                         chunk_elements: Optional[int] = None, compile: bool = False
+                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(logp [M], entropy [M] or None)`` of ``tokens [M]`` under ``head(hidden [M, H]) / temperature``
     (see the module doc). ``vocab`` sizes the chunks (default: one probe of the head on one row).
     Results are float32 (float64 if the head computes in float64). Differentiable in ``hidden``
-    and the head's parameters."""
+    and the head's parameters. ``compile``: a plain linear head's chunk passes through torch.compile
+    (CUDA only; ``train.compile_logprobs``)."""
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError("hidden must be [M, H] and tokens [M]")
     if temperature <= 0:
@@ -178,7 +179,7 @@ def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], to
     tokens = tokens.long()
     weight = _plain_linear_weight(head)
     if weight is not None and hidden.dtype == weight.dtype:
-        return _LinearLogprobs.apply(hidden, weight, tokens, float(temperature), with_entropy, rows)
+        return _LinearLogprobs.apply(hidden, weight, tokens, float(temperature), with_entropy, rows, compile)
     lps, ents = [], []
     for s in range(0, M, rows):
         h, y = hidden[s:s + rows], tokens[s:s + rows]

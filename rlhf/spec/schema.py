@@ -338,6 +338,9 @@ class TrainSpec(Frozen):
     max_tokens_per_micro_batch: Optional[int] = doc(None, "Tokens per packed forward/backward on one rank (RL "
                                                     "passes pack samples up to it); None = micro_batch_size x "
                                                     "(max_prompt_tokens + max_response_tokens).")
+    compile_logprobs: Any = doc("auto", "torch.compile the LM head's per-chunk log-prob/entropy passes "
+                                "(forward and written-out backward fused into a few kernels): auto | true | "
+                                "false. auto: on CUDA (a compile failure falls back to eager, with a warning).")
     zero_stage: Any = doc("auto", "DeepSpeed ZeRO stage 0-3, or auto: ZeRO-3 only when several ranks share the "
                           "model and ZeRO-2 does not fit; 0 on CPU.")
     seed: int = doc(0, "Seed of data order, sampling and initialisation.")

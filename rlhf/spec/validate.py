@@ -335,6 +335,8 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
             "train.offload_optimizer=true needs ZeRO (DeepSpeed offloads the optimizer state of ZeRO "
             "stages 1-3), but train.zero_stage=0. Use train.zero_stage=2 or 3 (or auto), or train.offload_optimizer=false."
         )
+    if not _is(s["train"].compile_logprobs, ("auto", True, False)):
+        p.append(f"train.compile_logprobs={s['train'].compile_logprobs!r} is not valid. Use auto, true or false.")
     if not _is(pl.offload_train_state, ("auto", True, False)):
         p.append(f"placement.offload_train_state={pl.offload_train_state!r} is not valid. Use auto (offload "
                  "only when the training states and vLLM do not fit side by side), true or false.")

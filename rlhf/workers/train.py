@@ -188,7 +188,7 @@ class _Model(Worker):
         hidden = self._hidden(model, packed)[packed["pred_index"].to(dev)]
         head = model.get_output_embeddings()
         return logprobs_from_hidden(hidden, head, packed["targets"].to(dev), self.temperature, with_entropy,
-                                    vocab=model.config.vocab_size)
+                                    vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
 
     @torch.no_grad()
     def per_token(self, batch: Batch, fn) -> torch.Tensor:

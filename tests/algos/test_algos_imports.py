@@ -10,7 +10,7 @@ FORBIDDEN = {"ray", "deepspeed", "vllm", "hydra", "omegaconf", "transformers", "
 ALLOWED = {"torch", "math", "typing", "__future__", "dataclasses", "collections", "rlhf"}
 # the registry imports the modules named in algo.plugins, and the built-ins' modules on first use
 ALLOWED_IN = {"registry.py": {"importlib", "<importlib.import_module>"},
-              "logprobs.py": {"os", "warnings"}}  # RLHF_COMPILE switch, the compile-fallback warning
+              "logprobs.py": {"warnings"}}  # the compile-fallback warning
 
 
 def _imported_top_modules(path):

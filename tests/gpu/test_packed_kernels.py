@@ -53,17 +53,28 @@ def test_varlen_kernel_present_and_matches_float64():
     assert rel < 2e-2, rel
 
 
-def test_logprobs_from_hidden_on_gpu_matches_float64():
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_logprobs_from_hidden_on_gpu_matches_float64(compile):
+    """Values and both gradients (hidden, head weight) of the written-out head, eager and through
+    torch.compile (train.compile_logprobs), against float64 autograd on the same bf16 inputs."""
     torch.manual_seed(1)
-    h = torch.randn(3000, 256, device="cuda")
-    head = torch.nn.Linear(256, 151936, bias=False, device="cuda")
+    h = torch.randn(3000, 256, device="cuda").bfloat16().requires_grad_()
+    head = torch.nn.Linear(256, 151936, bias=False, device="cuda").bfloat16()
     y = torch.randint(0, 151936, (3000,), device="cuda")
-    lp, ent = logprobs_from_hidden(h.bfloat16(), head.bfloat16(), y, 0.9, with_entropy=True)
-    z = (h.bfloat16() @ head.weight.bfloat16().t()).double() / 0.9
+    g_lp, g_ent = torch.randn(3000, device="cuda"), torch.randn(3000, device="cuda")
+    lp, ent = logprobs_from_hidden(h, head, y, 0.9, with_entropy=True, compile=compile)
+    ((lp * g_lp).sum() + (ent * g_ent).sum()).backward()
+    hd = h.detach().double().requires_grad_()
+    wd = head.weight.detach().double().requires_grad_()
+    z = (hd @ wd.t()) / 0.9
     ref_lp = torch.log_softmax(z, -1).gather(1, y[:, None]).squeeze(1)
     ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    ((ref_lp * g_lp.double()).sum() + (ref_ent * g_ent.double()).sum()).backward()
     assert (lp.double() - ref_lp).abs().max().item() < 1e-3
     assert (ent.double() - ref_ent).abs().max().item() < 1e-3
+    for got, ref in ((h.grad, hd.grad), (head.weight.grad, wd.grad)):
+        rel = ((got.double() - ref).norm() / ref.norm()).item()
+        assert rel < 2e-2, rel
 
 
 def test_packed_bf16_forward_matches_padded():

@@ -1,4 +1,5 @@
-"""model.liger_kernels: auto resolves to on only for CUDA runs with the package importable; true on
+"""GPU kernel settings decided by the build. train.compile_logprobs: auto is on exactly for CUDA runs.
+model.liger_kernels: auto resolves to on only for CUDA runs with the package importable; true on
 CPU and a value outside auto/true/false are config errors naming the fix; an auto choice lets a
 model type Liger does not cover run without (an explicit true refuses it)."""
 
@@ -62,3 +63,12 @@ def test_uncovered_model_type(monkeypatch):
     assert apply_liger(model, required=False) is False
     with pytest.raises(UserError, match="no kernels for model_type='tiny-word'"):
         apply_liger(model)
+
+
+def test_compile_logprobs_auto_by_accelerator():
+    cpu, gpu = _spec([]), _spec(GPU)
+    assert cpu.train.compile_logprobs is False and gpu.train.compile_logprobs is True
+    assert _spec([*GPU, "train.compile_logprobs=false"]).train.compile_logprobs is False
+    with pytest.raises(SpecError) as info:
+        _spec(["train.compile_logprobs=maybe"])
+    assert "train.compile_logprobs='maybe' is not valid. Use auto, true or false." in str(info.value)
