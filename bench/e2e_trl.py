@@ -331,7 +331,7 @@ def ours_step(r: dict, samples: int) -> dict:
     out["tokens"] = float(r.get("response/length_mean", 0.0)) * samples
     out["mean_len"] = float(r.get("response/length_mean", 0.0))
     out["truncated"] = float(r.get("response/truncation_rate", 0.0))
-    out["reward"] = r.get("reward/mean")
+    out["reward_mean"] = r.get("reward/mean")  # not the "reward" phase's seconds
     out["mismatch"] = r.get("mismatch/logp_abs_mean")
     out["mfu"] = r.get("perf/mfu")  # the actor update's, of the hardware's peak
     return out

@@ -70,8 +70,14 @@ def test_logprobs_from_hidden_on_gpu_matches_float64(compile):
     ref_lp = torch.log_softmax(z, -1).gather(1, y[:, None]).squeeze(1)
     ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
     ((ref_lp * g_lp.double()).sum() + (ref_ent * g_ent.double()).sum()).backward()
-    assert (lp.double() - ref_lp).abs().max().item() < 1e-3
-    assert (ent.double() - ref_ent).abs().max().item() < 1e-3
+    # values against the float64 softmax of the same bf16 logits (the kernel's input); the
+    # gradients against float64 throughout, whose logits differ by bf16 rounding
+    z = (h.detach() @ head.weight.t()).double() / 0.9
+    ref_lp_bf16 = torch.log_softmax(z, -1).gather(1, y[:, None]).squeeze(1)
+    ref_ent_bf16 = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    assert (lp.double() - ref_lp_bf16).abs().max().item() < 1e-3
+    assert (ent.double() - ref_ent_bf16).abs().max().item() < 1e-3
+    assert (lp.double() - ref_lp).abs().mean().item() < 5e-3
     for got, ref in ((h.grad, hd.grad), (head.weight.grad, wd.grad)):
         rel = ((got.double() - ref).norm() / ref.norm()).item()
         assert rel < 2e-2, rel
