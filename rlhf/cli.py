@@ -13,7 +13,7 @@ rlhf-run is a Hydra app (rlhf/hydra_app.py). This module parses the command line
 dispatches; the config layer (rlhf/config) composes the config with Hydra's compose API, so every
 config error becomes one readable line and exit code 2 before anything starts (HYDRA_FULL_ERROR=1
 shows the traceback instead), and builds the frozen RunSpec once, here in the driver; then
-``hydra.main`` runs the job in its run dir (``rlhf.execute.execute``).
+``hydra.main`` runs the job in its run dir (``rlhf.run.execute``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choices, describe, group_options,
                          resume_dir, resume_spec, run_dir_for)
 from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
-from rlhf.execute import check_before_run, execute
+from rlhf.run import check_before_run, execute
 
 # ----------------------------------------------------------------------------- help
 

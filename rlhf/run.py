@@ -1,4 +1,6 @@
-"""``run(spec) -> exit code``: the run dir, tracking, the cluster, the loop; cleanup always.
+"""``execute(spec) -> exit code``: a built spec planned, or checked and run (``rlhf-run`` and every
+sweep job call it); ``run(spec) -> exit code``: the run dir, tracking, the cluster, the loop;
+cleanup always.
 
     run_dir/spec.yaml     the full resolved spec (derived batch plan and layout included)
     run_dir/config.yaml   the user-level config: ``rlhf-run -cp <run_dir> -cn config`` reruns it
@@ -98,6 +100,51 @@ def write_run_dir(spec: Any) -> Path:
         f.write("# The resolved config of this run. Rerun it: rlhf-run -cp <this dir> -cn config\n")
         yaml.safe_dump(cfg, f, sort_keys=False)
     return run_dir
+
+
+def check_before_run(spec: Any) -> int:
+    """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
+    having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
+    try:
+        if spec.hardware.accelerator == "cuda":
+            from rlhf.preflight import check_fits
+
+            check_fits(spec)
+        from rlhf.preflight import check_output_dir
+
+        check_output_dir(spec.output_dir)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USER)
+    return 0
+
+
+def execute(spec: Any, checked: bool = False) -> int:
+    """Plan or run a built spec; the return value is the process exit code. ``checked``:
+    ``check_before_run`` has passed already.
+
+    The sweep (rlhf/sweep.py) calls this for every job too.
+    """
+    if spec.mode == "plan":
+        from rlhf.spec.plan import render_plan
+
+        print(render_plan(spec), flush=True)
+        return 0
+    if not checked:
+        code = check_before_run(spec)
+        if code:
+            return code
+    if spec.hardware.accelerator == "cuda":
+        from rlhf.spec.memory import estimate
+        from rlhf.spec.plan import warnings
+
+        for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
+            print(f"warning: {w}", file=sys.stderr)
+    try:
+        return int(run(spec) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USER)
 
 
 def run(spec: Any) -> int:

@@ -8,7 +8,7 @@ grpo_tiny_optuna): each job returns ``tracking.objective`` (its mean over the la
 steps) to the sweeper, and the best trial is reported at the end. ``hydra/launcher=...`` sends the
 jobs elsewhere (submitit_slurm: a SLURM cluster; ``parallel``: the jobs that fit side by side on
 the Ray cluster's devices run at the same time, rlhf/sweep_parallel.py). Each job builds its spec exactly like a single run
-and calls ``rlhf.execute.execute(spec)``.
+and calls ``rlhf.run.execute(spec)``.
 
 - Before any job starts, every job's config is composed once (a search: the config at each bound
   and choice of every searched key): a sweep whose definition is broken (an unknown option or
@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 
 from rlhf.config import build_spec, check_group_choices, compose, parse_overrides, stamped, unique_dir
 from rlhf.config.exits import EXIT_CONFIG
-from rlhf.execute import execute
+from rlhf.run import execute
 from rlhf.spec.errors import SpecError
 
 

@@ -5,7 +5,7 @@ one ActorGroup per role.
   takes a fraction of it (1 / number of roles on the device), so all roles share every device.
 * disaggregated: a placement group per role over that role's own devices.
 
-On CPU, hybrid runs put every role's rank i in ONE process (``rlhf.launch.colocate``): the roles
+On CPU, hybrid runs put every role's rank i in ONE process (``rlhf.launch.group.Host``): the roles
 take turns on the same cores anyway, and each extra process costs seconds of imports.
 
 On CPU a "device" is a worker slot: a bundle of 1 CPU. Ray is started with at least as many
@@ -27,8 +27,7 @@ from typing import Any, Optional
 import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 
-from rlhf.launch.colocate import Host, RoleHandle, can_colocate
-from rlhf.launch.group import ActorGroup, spawn_actor, worker_env
+from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
 from rlhf.spec.errors import UserError
 from rlhf.spec.nodes import node_of, rank_devices
 

@@ -231,8 +231,6 @@ class VLLMEngine:
         """Free the GPU: level 1 keeps the weights in host memory, level 2 drops them (the next
         weight sync must then write every tensor). Returns seconds, and (TP 1) this engine's GPU
         memory awake and asleep as NVML attributes it to the process (else device-wide free memory)."""
-        from rlhf.workers.sync_cuda import gpu_bytes_of_process
-
         awake = gpu_bytes_of_process() if self.in_process else None
         free0 = _free_total()[0] if self.in_process else 0
         t0 = time.perf_counter()
@@ -442,3 +440,24 @@ def create_vllm_engines(
         actors.append(actor)
     ray.get([a.ready.remote() for a in actors])
     return actors
+
+
+def gpu_bytes_of_process(pid: Optional[int] = None) -> Optional[int]:
+    """GPU memory that NVML attributes to process ``pid`` (default: this one), over all GPUs."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total, found = 0, False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == pid and p.usedGpuMemory is not None:
+                    total += int(p.usedGpuMemory)
+                    found = True
+        return total if found else None
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None

@@ -3,13 +3,16 @@ CPU, vLLM on GPU), called by ``rlhf.rollout.generate`` and by the weight sync.""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from rlhf.rollout.engine import RolloutEngine, Sample, Sampling
 from rlhf.workers.base import Worker
 
+if TYPE_CHECKING:
+    from rlhf.spec.build import RunSpec
 
-def make_engine(spec: Any, model, tokenizer, device: str = "cpu") -> RolloutEngine:
+
+def make_engine(spec: RunSpec, model, tokenizer, device: str = "cpu") -> RolloutEngine:
     """The rollout engine for ``spec.rollout_engine``: hf (``model`` loaded by the caller) or vllm."""
     if spec.rollout_engine == "hf":
         from rlhf.rollout.hf import HFEngine
@@ -22,35 +25,9 @@ def make_engine(spec: Any, model, tokenizer, device: str = "cpu") -> RolloutEngi
     raise ValueError(f"unknown rollout engine {spec.rollout_engine!r}")
 
 
-class EngineCallsMixin:
-    """For a Ray worker that holds a ``VLLMEngine`` as ``self.engine`` (``RolloutWorker``): the
-    methods the GPU weight-sync senders and the hybrid schedule call, forwarded to the engine."""
-
-    def load_ipc(self, handles: dict, metas: list) -> float:
-        return self.engine.load_ipc(handles, metas)
-
-    def load_nccl(self, metas: list, nbytes: int) -> float:
-        return self.engine.load_nccl(metas, nbytes)
-
-    def sync_done(self, release: bool = True) -> None:
-        return self.engine.sync_done(release)
-
-    def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int):
-        return self.engine.init_weight_group(master_address, master_port, rank_offset, world_size)
-
-    def engine_sleep(self, level: int = 1) -> dict:
-        return self.engine.sleep(level)
-
-    def engine_wake(self, tags: Optional[Sequence[str]] = None) -> float:
-        return self.engine.wake_up(tags)
-
-    def weight_digest(self) -> dict:
-        return self.engine.weight_digest()
-
-
-
-class RolloutWorker(EngineCallsMixin, Worker):
-    """One rollout engine (a TP group's rank 0 on GPU; one process on CPU)."""
+class RolloutWorker(Worker):
+    """One rollout engine (a TP group's rank 0 on GPU; one process on CPU), held as ``engine``;
+    every method the driver, the weight senders and the hybrid schedule call forwards to it."""
 
     def setup(self) -> None:
         from rlhf.models import load_model, load_tokenizer, model_dir
@@ -80,3 +57,25 @@ class RolloutWorker(EngineCallsMixin, Worker):
 
     def wake_up(self) -> None:
         self.engine.wake_up()
+
+    # -- a vLLM engine's: GPU weight sync (rlhf.workers.sync_cuda) and sleep mode (rlhf.workers.schedule)
+    def load_ipc(self, handles: dict, metas: list) -> float:
+        return self.engine.load_ipc(handles, metas)
+
+    def load_nccl(self, metas: list, nbytes: int) -> float:
+        return self.engine.load_nccl(metas, nbytes)
+
+    def sync_done(self, release: bool = True) -> None:
+        return self.engine.sync_done(release)
+
+    def init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int):
+        return self.engine.init_weight_group(master_address, master_port, rank_offset, world_size)
+
+    def engine_sleep(self, level: int = 1) -> dict:
+        return self.engine.sleep(level)
+
+    def engine_wake(self, tags: Optional[Sequence[str]] = None) -> float:
+        return self.engine.wake_up(tags)
+
+    def weight_digest(self) -> dict:
+        return self.engine.weight_digest()

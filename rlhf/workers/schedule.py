@@ -20,8 +20,7 @@ from typing import Any, Sequence
 
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
-from rlhf.workers.sync_cuda import TrainStateMixin
-from rlhf.workers.train import PolicyWorker
+from rlhf.workers.train import PolicyWorker, TrainedWorker
 
 
 class Schedule:
@@ -40,7 +39,7 @@ class Schedule:
         self.offload = hybrid and spec.placement.offload_train_state
         self.sleep_level = sleep_level
         if self.offload:  # generation comes first: DeepSpeed's states leave the device until the update
-            _on_groups(self.trained, TrainStateMixin.offload_train_states)
+            _on_groups(self.trained, TrainedWorker.offload_train_states)
 
     def to_train(self) -> dict[str, float]:
         """After generation: vLLM sleeps, the trained models' states come back to the device."""
@@ -48,7 +47,7 @@ class Schedule:
         if self.sleep:
             out.update(_mean_dicts(self.rollout.call(RolloutWorker.engine_sleep, self.sleep_level)))
         if self.offload:
-            out.update(_on_groups(self.trained, TrainStateMixin.reload_train_states))
+            out.update(_on_groups(self.trained, TrainedWorker.reload_train_states))
         return out
 
     def to_generate(self) -> dict[str, float]:
@@ -61,7 +60,7 @@ class Schedule:
             out["time/wake_weights"] = max(self.rollout.call(RolloutWorker.engine_wake, ["weights"]))
         out.update(self.weights.send())
         if self.offload:
-            out.update(_on_groups(self.trained, TrainStateMixin.offload_train_states))
+            out.update(_on_groups(self.trained, TrainedWorker.offload_train_states))
         if self.sleep:
             out["time/wake_kv_cache"] = max(self.rollout.call(RolloutWorker.engine_wake, ["kv_cache"]))
         return out

@@ -6,12 +6,14 @@ the update and the next generation; ``make_transport`` picks it from the spec:
 * ``object_store`` (CPU, and any placement): the actor's rank 0 gathers the full state dict
   (ZeRO-3 included) and returns it as a Ray object; every rollout worker loads that same object,
   which Ray moves between processes without passing through the driver.
-* ``cuda`` (GPU with vLLM engines, ``rlhf.workers.sync_cuda``): CUDA IPC for hybrid placement,
-  an NCCL broadcast group for disaggregated.
+* ``cuda`` (GPU with vLLM engines, ``CudaTransport``): the actor's ranks send through their
+  senders (``rlhf.workers.sync_cuda``): CUDA IPC for hybrid placement, an NCCL broadcast group
+  for disaggregated.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rlhf.workers.rollout import RolloutWorker
@@ -38,7 +40,32 @@ class ObjectStoreTransport:
 def make_transport(spec: Any, cluster: Any) -> Any:
     """The weight transport for the run's device, rollout engine and placement."""
     if spec.device == "cuda" and spec.rollout_engine == "vllm":
-        from rlhf.workers.sync_cuda import CudaTransport  # CUDA IPC (hybrid) / NCCL (disaggregated)
-
-        return CudaTransport(spec, cluster)
+        return CudaTransport(cluster)  # CUDA IPC (hybrid) / NCCL (disaggregated)
     return ObjectStoreTransport(cluster.actor, cluster.rollout)
+
+
+class CudaTransport:
+    """The transport on GPU with vLLM engines (one per rollout worker): each actor rank holds a
+    sender for the run's placement (``PolicyWorker.sender``, ``rlhf.workers.sync_cuda``).
+
+    hybrid: CUDA IPC from every actor rank to the engine on its GPU. disaggregated: one NCCL group
+    of the actor's rank 0 and every vLLM worker. Moving vLLM and DeepSpeed's states out of the
+    way around the send is ``rlhf.workers.schedule``'s job.
+    """
+
+    name = "cuda"
+
+    def __init__(self, cluster: Any, bucket_mb: int = 512) -> None:
+        import ray
+
+        self.actor = cluster.actor
+        self.engines = list(cluster.rollout.workers)
+        self.bucket_mb = bucket_mb
+        t0 = time.perf_counter()
+        ray.get(self.actor.call_async(PolicyWorker.gpu_sync_setup, self.engines))
+        self.setup_seconds = time.perf_counter() - t0
+
+    def send(self) -> dict[str, float]:
+        """Every actor rank sends (ZeRO-3 gathers are collective); rank 0's figures, as ``sync/*``."""
+        stats = [s for s in self.actor.call(PolicyWorker.gpu_sync_send, self.bucket_mb) if s]
+        return {f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()}

@@ -14,19 +14,23 @@ a collective: every trainer rank must call ``send`` together; only rank 0 talks 
 
 ``send`` returns ``{"sync_seconds", "sync_bytes", "sync_gbps", "sync_buckets"}``.
 The engine side is ``rlhf.workers.vllm_ext.WeightSyncExtension``, reached through the methods of
-``rlhf.rollout.vllm.VLLMEngine`` (``load_ipc``, ``load_nccl``, ``sync_done``,
-``init_weight_group``).
+``rlhf.workers.rollout.RolloutWorker`` and ``rlhf.rollout.vllm.VLLMEngine`` (``load_ipc``,
+``load_nccl``, ``sync_done``, ``init_weight_group``).
+
+The policy worker holds its sender as a member (``sender_for``: the run's placement picks it);
+the driver's side is ``rlhf.workers.sync.CudaTransport``. ``TrainStates``, held by the actor and
+the critic, moves their DeepSpeed states off the GPU while vLLM generates (hybrid placement).
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
+from rlhf.workers.base import free_port, node_ip
 from rlhf.workers.buckets import (
     DEFAULT_BUCKET_BYTES,
     Bucket,
@@ -35,6 +39,10 @@ from rlhf.workers.buckets import (
     plan_buckets,
     rename,
 )
+from rlhf.workers.rollout import RolloutWorker
+
+if TYPE_CHECKING:
+    from rlhf.spec.build import RunSpec
 
 
 def _dist():
@@ -138,8 +146,8 @@ class CudaIPCSender:
         self._bufs: list[torch.Tensor] = []
         self._handles: list[Any] = []
 
-    def setup(self) -> None:  # nothing to build for IPC
-        pass
+    def setup(self) -> float:  # nothing to build for IPC
+        return 0.0
 
     def _buffers(self, nbytes: int, dev: torch.device) -> bool:
         """Make sure two buffers of ``nbytes`` exist; True when they are new (engines must drop
@@ -164,7 +172,7 @@ class CudaIPCSender:
         t0 = _now_synced()
         replaced = self._buffers(source.max_bucket_bytes, dev)
         if replaced and rank == 0:  # engines still map the old buffers
-            ray.get([_call(e, "sync_done", True) for e in self.engines])
+            ray.get([_call(e, RolloutWorker.sync_done, True) for e in self.engines])
         pending: list[list] = [[], []]
         t_pack = t_wait = t_load = 0.0
         try:
@@ -190,11 +198,11 @@ class CudaIPCSender:
                         mine.update(d)
                 if rank == 0:
                     wire = metas_to_wire(bucket.metas)
-                    pending[slot] = [_call(e, "load_ipc", mine, wire) for e in self.engines]
+                    pending[slot] = [_call(e, RolloutWorker.load_ipc, mine, wire) for e in self.engines]
             if rank == 0:
                 tw = time.perf_counter()
                 t_load += sum(ray.get(pending[0] + pending[1]))
-                ray.get([_call(e, "sync_done", not self.keep_buffers) for e in self.engines])
+                ray.get([_call(e, RolloutWorker.sync_done, not self.keep_buffers) for e in self.engines])
                 t_wait += time.perf_counter() - tw
             if world > 1:
                 dist.barrier()
@@ -212,21 +220,6 @@ class CudaIPCSender:
 
 
 # --------------------------------------------------------------------------- NCCL
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def node_ip() -> str:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray
-        return "127.0.0.1"
 
 
 class NcclSender:
@@ -257,7 +250,7 @@ class NcclSender:
         port = int(master_port or free_port())
         refs, offset = [], 1
         for e, tp in zip(self.engines, self.engine_tp):
-            refs.append(_call(e, "init_weight_group", addr, port, offset, self.world_size))
+            refs.append(_call(e, RolloutWorker.init_weight_group, addr, port, offset, self.world_size))
             offset += tp
         pg = StatelessProcessGroup.create(host=addr, port=port, rank=0, world_size=self.world_size)
         self.comm = PyNcclCommunicator(pg, device=torch.device("cuda", torch.cuda.current_device()))
@@ -287,14 +280,14 @@ class NcclSender:
                     tp = time.perf_counter()
                     flat = pack(bucket, tensors, buf)
                     wire = metas_to_wire(bucket.metas)
-                    pending = [_call(e, "load_nccl", wire, bucket.nbytes) for e in self.engines]
+                    pending = [_call(e, RolloutWorker.load_nccl, wire, bucket.nbytes) for e in self.engines]
                     self.comm.broadcast(flat, src=0, stream=stream)
                     t_pack += time.perf_counter() - tp
         if rank == 0:
             tw = time.perf_counter()
             stream.synchronize()
             t_load += sum(ray.get(pending))
-            ray.get([_call(e, "sync_done") for e in self.engines])  # drops KV computed with old weights
+            ray.get([_call(e, RolloutWorker.sync_done) for e in self.engines])  # drops KV computed with old weights
             t_wait += time.perf_counter() - tw
         out = _stats(t0, source.total_bytes, len(source.buckets))
         out.update({"sync_pack_seconds": t_pack, "sync_wait_seconds": t_wait,
@@ -310,8 +303,8 @@ class NcclSender:
         self.comm = None
 
 
-def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> Any:
-    """The transport for a placement mode: ``hybrid`` -> CUDA IPC, ``disaggregated`` -> NCCL."""
+def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
+    """The sender for a placement mode: ``hybrid`` -> CUDA IPC, ``disaggregated`` -> NCCL."""
     if mode == "hybrid":
         return CudaIPCSender(engines)
     if mode == "disaggregated":
@@ -319,45 +312,34 @@ def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()
     raise ValueError(f"placement mode {mode!r}: expected hybrid or disaggregated")
 
 
-# --------------------------------------------------------------------------- the run's transport
+def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSender | NcclSender:
+    """Trainer rank ``rank``'s sender for the run's placement (``spec.layout``). Every rank holds
+    one (ZeRO-3 gathers are collective); only rank 0 gets the engines' handles and talks to them."""
+    lead = rank == 0
+    tps = [len(e) for e in spec.layout.engines] or [1] * len(engines)
+    return make_sender(spec.layout.mode, engines if lead else [], tps if lead else [])
 
 
-def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """``handle.method.remote(...)``: an engine actor (``VLLMEngine``) or a rollout worker that
-    forwards to its engine (``rlhf.workers.rollout.EngineCallsMixin``)."""
-    return getattr(handle, method).remote(*args, **kwargs)
+def _call(handle: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+    """``handle.method.remote(...)``: a rollout worker (``RolloutWorker``, which forwards to its
+    engine) or an engine actor (``VLLMEngine``, whose methods have the same names)."""
+    return getattr(handle, method.__name__).remote(*args, **kwargs)
 
 
-def gpu_bytes_of_process(pid: Optional[int] = None) -> Optional[int]:
-    """GPU memory that NVML attributes to process ``pid`` (default: this one), over all GPUs."""
-    import os
+class TrainStates:
+    """A trained role's DeepSpeed states (weights, gradients, optimizer) in hybrid placement on GPU:
+    they leave the GPU while vLLM generates and come back for training (``rlhf.workers.schedule``).
+    The actor and the critic each hold one, over their own engine."""
 
-    pid = os.getpid() if pid is None else pid
-    try:
-        import pynvml
+    def __init__(self, engine: Any, zero_stage: int) -> None:
+        self.engine = engine
+        self.zero_stage = zero_stage
+        self.offloaded = False
 
-        pynvml.nvmlInit()
-        total, found = 0, False
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                if p.pid == pid and p.usedGpuMemory is not None:
-                    total += int(p.usedGpuMemory)
-                    found = True
-        return total if found else None
-    except Exception:  # noqa: BLE001 - no NVML here
-        return None
-
-
-class TrainStateMixin:
-    """Hybrid placement on GPU: DeepSpeed's states (weights, gradients, optimizer) leave the GPU
-    while vLLM generates and come back for training. For the actor and the critic; expects
-    ``self.engine`` (a DeepSpeed engine) and ``self.spec``."""
-
-    def _offload_include(self):
+    def _include(self):
         from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
 
-        if self.spec.train.zero_stage == 3:
+        if self.zero_stage == 3:
             from deepspeed.ops.adam import FusedAdam
 
             frozen = any(not p.requires_grad for p in self.engine.module.parameters())
@@ -371,73 +353,26 @@ class TrainStateMixin:
                 return [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]
         return None  # everything
 
-    def offload_train_states(self) -> dict[str, float]:
-        """Move parameters, gradients and optimizer states to host memory (hybrid placement)."""
+    def offload(self) -> dict[str, float]:
+        """Move parameters, gradients and optimizer states to host memory."""
         t0 = time.perf_counter()
         peak = torch.cuda.max_memory_reserved() / 2**30
         out = {"memory/train_peak_reserved_gib": peak}
-        if self.spec.train.zero_stage >= 1 and not getattr(self, "_states_offloaded", False):
-            self.engine.offload_states(include=self._offload_include())
-            self._states_offloaded = True
+        if self.zero_stage >= 1 and not self.offloaded:
+            self.engine.offload_states(include=self._include())
+            self.offloaded = True
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         out["time/offload_train"] = time.perf_counter() - t0
         out["memory/train_resident_gib"] = torch.cuda.memory_reserved() / 2**30
         return out
 
-    def reload_train_states(self) -> dict[str, float]:
+    def reload(self) -> dict[str, float]:
+        """Bring the states offloaded by ``offload`` back to the GPU."""
         t0 = time.perf_counter()
-        if getattr(self, "_states_offloaded", False):
+        if self.offloaded:
             self.engine.reload_states()
-            self._states_offloaded = False
+            self.offloaded = False
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return {"time/reload_train": time.perf_counter() - t0}
-
-
-class TrainerSyncMixin(TrainStateMixin):
-    """Methods for the actor's training worker (``PolicyWorker``): GPU weight sync and, in hybrid
-    placement, moving DeepSpeed's states out of the GPU while vLLM generates. Expects
-    ``self.engine`` (a DeepSpeed engine), ``self.rank`` and ``self.spec``."""
-
-    def gpu_sync_setup(self, mode: str, engines: Sequence[Any], engine_tp: Sequence[int]) -> float:
-        """Rank 0 gets the engine handles; every rank keeps a sender (ZeRO-3 gathers are collective)."""
-        lead = self.rank == 0
-        self._sync_sender = make_sender(mode, engines if lead else [], engine_tp if lead else [])
-        if mode == "disaggregated" and self.rank != 0:
-            return 0.0
-        return float(self._sync_sender.setup() or 0.0)
-
-    def gpu_sync_send(self, bucket_mb: int = 512) -> dict[str, float]:
-        from rlhf.models.load import torch_dtype
-
-        src = WeightSource(self.engine.module, bucket_bytes=int(bucket_mb) << 20,
-                           dtype=torch_dtype(self.spec.model.dtype))
-        return self._sync_sender.send(src)
-
-class CudaTransport:
-    """``rlhf.workers.sync`` transport on GPU with vLLM engines (one per rollout worker).
-
-    hybrid: CUDA IPC from every actor rank to the engine on its GPU. disaggregated: one NCCL group
-    of the actor's rank 0 and every vLLM worker. Moving vLLM and DeepSpeed's states out of the
-    way around the send is ``rlhf.workers.schedule``'s job.
-    """
-
-    name = "cuda"
-
-    def __init__(self, spec: Any, cluster: Any, bucket_mb: int = 512) -> None:
-        import ray
-
-        self.actor = cluster.actor
-        self.engines = list(cluster.rollout.workers)
-        self.mode = spec.layout.mode
-        self.bucket_mb = bucket_mb
-        tps = [len(e) for e in spec.layout.engines] or [1] * len(self.engines)
-        t0 = time.perf_counter()
-        ray.get(self.actor.call_async(TrainerSyncMixin.gpu_sync_setup, self.mode, self.engines, tps))
-        self.setup_seconds = time.perf_counter() - t0
-
-    def send(self) -> dict[str, float]:
-        """Every actor rank sends (ZeRO-3 gathers are collective); rank 0's figures, as ``sync/*``."""
-        stats = [s for s in self.actor.call(TrainerSyncMixin.gpu_sync_send, self.bucket_mb) if s]
-        return {f"sync/{k[5:] if k.startswith('sync_') else k}": v for k, v in stats[0].items()}

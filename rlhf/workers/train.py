@@ -18,19 +18,23 @@ position that predicts it (the state before the action), like the policy's logit
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from rlhf.data.batch import Batch, response_width, select, size
 from rlhf.data.packing import TOKEN_KEYS, pack, real_lengths, split_to_count, token_groups, unpack
 from rlhf.workers.base import Worker
-from rlhf.workers.sync_cuda import TrainerSyncMixin, TrainStateMixin
+from rlhf.workers.sync_cuda import TrainStates, WeightSource, sender_for
+
+if TYPE_CHECKING:
+    from rlhf.spec.build import RunSpec
+    from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender
 
 Stats = dict[str, tuple[float, float]]
 
 
-def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, world_size: int, optimizer: bool = True) -> dict:
+def _ds_config(spec: RunSpec, lr_warmup: int, max_grad_norm: float, world_size: int, optimizer: bool = True) -> dict:
     """DeepSpeed's config for a role of ``world_size`` ranks (the critic, the reference may have
     fewer than the actor: DeepSpeed checks micro × accumulation × ranks = batch)."""
     b = spec.batch
@@ -56,7 +60,7 @@ def _ds_config(spec: Any, lr_warmup: int, max_grad_norm: float, world_size: int,
     return cfg
 
 
-def _optimizer(spec: Any, params, lr: float):
+def _optimizer(spec: RunSpec, params, lr: float):
     """AdamW for the trained parameters. With the optimizer offloaded to host memory on GPU runs,
     DeepSpeed's CPU Adam (vectorised C++, the only optimizer DeepSpeed steps on the host at speed);
     otherwise torch's AdamW (fused on CUDA)."""
@@ -254,21 +258,48 @@ class _Model(Worker):
         return out
 
 
-class PolicyWorker(TrainerSyncMixin, _Model):
+class TrainedWorker(_Model):
+    """A role trained by a DeepSpeed engine with an optimizer (the actor, the critic). Its engine's
+    states leave the GPU while vLLM generates in hybrid placement (``states``, a ``TrainStates``;
+    the driver's ``rlhf.workers.schedule`` calls the two methods below)."""
+
+    def _initialize(self, model, params, lr: float, warmup_steps: int) -> None:
+        """The DeepSpeed engine (AdamW over ``params``, linear warmup) and the states that follow it."""
+        import deepspeed
+
+        opt = _optimizer(self.spec, params, lr)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=_warmup(opt, warmup_steps),
+            config=_ds_config(self.spec, warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
+        )
+        self.states = TrainStates(self.engine, self.spec.train.zero_stage)
+
+    def offload_train_states(self) -> dict[str, float]:
+        """Parameters, gradients and optimizer states to host memory (hybrid placement on GPU)."""
+        return self.states.offload()
+
+    def reload_train_states(self) -> dict[str, float]:
+        return self.states.reload()
+
+
+class PolicyWorker(TrainedWorker):
     """The actor: a causal LM trained with the clipped policy loss (+ KL loss, - entropy bonus).
+
+    On GPU with vLLM it holds the weight ``sender`` (CUDA IPC or NCCL by placement,
+    ``rlhf.workers.sync_cuda``), made when the driver connects it to the rollout engines.
 
     With ``model.lora.rank > 0`` the model is wrapped with LoRA adapters and only they train; the
     weight sync and the HF export carry the merged weights under the base model's names
-    (``full_state_dict``, ``TrainerSyncMixin.gpu_sync_send``), and the HF export also writes the
-    adapter (peft's ``save_pretrained``) beside it."""
+    (``full_state_dict``, ``gpu_sync_send``), and the HF export also writes the adapter (peft's
+    ``save_pretrained``) beside it."""
+
+    sender: Optional[CudaIPCSender | NcclSender] = None
 
     @property
     def lora(self) -> bool:
         return self.spec.model.lora.rank > 0
 
     def setup(self) -> None:
-        import deepspeed
-
         algo = self.spec.algo
         # a reward model run (algo=rm) trains a sequence classifier in the actor's place
         model = self.load("sequence_score" if algo.kind == "rm" else None)
@@ -280,12 +311,7 @@ class PolicyWorker(TrainerSyncMixin, _Model):
         from rlhf.models.flops import flop_shape
 
         self.flops = flop_shape(model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = _optimizer(self.spec, params, algo.lr)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=_warmup(opt, algo.warmup_steps),
-            config=_ds_config(self.spec, algo.warmup_steps, algo.max_grad_norm, self.world_size),
-        )
+        self._initialize(model, [p for p in model.parameters() if p.requires_grad], algo.lr, algo.warmup_steps)
         self.temperature = self.spec.rollout.temperature
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
@@ -433,6 +459,19 @@ class PolicyWorker(TrainerSyncMixin, _Model):
 
         return self._on_rank0(merged_state_dict)
 
+    # -- GPU weight sync (the driver's side: rlhf.workers.sync.CudaTransport); every rank calls both
+    def gpu_sync_setup(self, engines: Sequence[Any]) -> float:
+        """This rank's sender for the run's placement, given the rollout engines; seconds to set up."""
+        self.sender = sender_for(self.spec, engines, self.rank)
+        return self.sender.setup()
+
+    def gpu_sync_send(self, bucket_mb: int = 512) -> dict[str, float]:
+        """The current weights to the rollout engines, in buckets of ``bucket_mb``; the sender's figures."""
+        from rlhf.models.load import torch_dtype
+
+        return self.sender.send(WeightSource(self.engine.module, bucket_bytes=int(bucket_mb) << 20,
+                                             dtype=torch_dtype(self.spec.model.dtype)))
+
 
 def _own_state_dict(module) -> dict[str, torch.Tensor]:
     """The module's own state dict on the CPU (for a LoRA model: peft names, adapters included)."""
@@ -494,7 +533,7 @@ class _StatSums:
         return {k: (self.sums[k], self.weights[k]) for k in self.sums}
 
 
-class CriticWorker(TrainStateMixin, _Model):
+class CriticWorker(TrainedWorker):
     """PPO's value model, trained with the clipped value loss."""
 
     kind = "token_value"
@@ -503,15 +542,9 @@ class CriticWorker(TrainStateMixin, _Model):
     full_state_dict = PolicyWorker.full_state_dict
 
     def setup(self) -> None:
-        import deepspeed
-
         critic = self.spec.algo.critic
         model = self.load()
-        opt = _optimizer(self.spec, model.parameters(), critic.lr)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=_warmup(opt, critic.warmup_steps),
-            config=_ds_config(self.spec, critic.warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
-        )
+        self._initialize(model, model.parameters(), critic.lr, critic.warmup_steps)
 
     def _values(self, packed: dict) -> torch.Tensor:
         """Values of a packed micro-batch's response tokens, flat ``[M]``: the head's output at the

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,16 @@ ARGV = ["algo=rloo", "train.steps=3", "algo.kl.coef=0.02", "tracking.backend=non
 @pytest.fixture
 def recording_run(monkeypatch):
     """rlhf.run.run that only writes the run dir's spec.yaml and config.yaml (rlhf.run.write_run_dir)."""
-    from rlhf.run import write_run_dir
+    import rlhf.run
 
     seen = []
-    module = types.ModuleType("rlhf.run")
 
     def run(spec):
         seen.append((spec, os.getcwd()))
-        write_run_dir(spec)
+        rlhf.run.write_run_dir(spec)
         return 0
 
-    module.run = run
-    monkeypatch.setitem(sys.modules, "rlhf.run", module)
+    monkeypatch.setattr(rlhf.run, "run", run)  # what rlhf.run.execute calls
     return seen
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -122,8 +121,9 @@ def test_command_line_wins_over_a_recipe(capsys):
 @pytest.fixture
 def fake_run(monkeypatch):
     """Stand in for rlhf.run (the training loop) and record the spec it gets."""
+    import rlhf.run
+
     seen = []
-    module = types.ModuleType("rlhf.run")
 
     def run(spec):
         seen.append(spec)
@@ -131,8 +131,7 @@ def fake_run(monkeypatch):
             raise UserError("data file missing: x.jsonl")
         return 0
 
-    module.run = run
-    monkeypatch.setitem(sys.modules, "rlhf.run", module)
+    monkeypatch.setattr(rlhf.run, "run", run)  # what rlhf.run.execute calls
     return seen
 
 

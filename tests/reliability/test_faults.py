@@ -78,7 +78,7 @@ def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, c
     err = capsys.readouterr().err
     assert code == 1, err
     line = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-    # CPU hybrid holds every role in one process per device (rlhf.launch.colocate): killing the
+    # CPU hybrid holds every role in one process per device (rlhf.launch.group.Host): killing the
     # actor's process kills the rollout engine's too, and the line names both
     assert len(line) == 1 and "(rank 0) died during the run" in line[0], err
     assert role in line[0].split("died")[0], err

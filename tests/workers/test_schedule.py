@@ -9,8 +9,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from rlhf.launch.colocate import RoleHandle
-from rlhf.launch.group import ActorGroup
+from rlhf.launch.group import ActorGroup, RoleHandle
 from rlhf.workers.schedule import make_schedule
 from rlhf.workers.train import PolicyWorker
 

@@ -1,0 +1,145 @@
+"""The launcher's reservations and placements (``rlhf.launch.cluster``) from built specs, without
+a Ray cluster: placement groups, actor spawns and Ray's node list are stand-ins that record what
+they are asked for. What Ray then does with a reservation is covered by the end-to-end runs
+(tests/rl) and the two-node scenario (tests/multinode)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from rlhf.launch import cluster as launch
+from rlhf.launch.group import ActorGroup, RoleHandle, can_colocate, worker_env
+from rlhf.spec.errors import UserError
+
+GPU = ["hardware=8xh100", "model=llama3-8b"]
+
+
+def _spec(overrides):
+    from rlhf.cli import build_spec, compose
+
+    return build_spec(compose(overrides), overrides, plan=True)
+
+
+@pytest.fixture
+def ray_stand_in(monkeypatch):
+    """Placement groups record their bundles; ``ray.get`` answers at once."""
+    made = []
+
+    def placement_group(bundles, strategy, **kwargs):
+        pg = NS(index=len(made), bundles=bundles, strategy=strategy, kwargs=kwargs, ready=lambda: "ready")
+        made.append(pg)
+        return pg
+
+    monkeypatch.setattr(launch, "placement_group", placement_group)
+    monkeypatch.setattr(launch.ray, "get", lambda refs, timeout=None: refs)
+    return made
+
+
+def test_hybrid_reserves_one_group_with_every_role_on_every_device(ray_stand_in):
+    spec = _spec(["algo=ppo", *GPU, "placement.rollout.tensor_parallel=2"])
+    slots = launch.reserve(spec, launch.Cluster(spec=spec))
+    (pg,) = ray_stand_in
+    assert pg.bundles == [{"GPU": 1.0, "CPU": 1.0}] * 8 and pg.strategy == "PACK" and pg.kwargs == {}
+    for role in ("actor", "critic", "reference"):
+        assert slots[role] == [(pg, (d,)) for d in range(8)]
+    assert slots["rollout"] == [(pg, (0, 1)), (pg, (2, 3)), (pg, (4, 5)), (pg, (6, 7))]  # TP groups
+
+
+def test_disaggregated_reserves_a_group_per_role_over_its_own_devices(ray_stand_in):
+    spec = _spec(["algo=ppo", *GPU, "placement=disaggregated"])
+    slots = launch.reserve(spec, launch.Cluster(spec=spec))
+    groups = {role: {pg.index for pg, _ in ranks} for role, ranks in slots.items()}
+    assert all(len(g) == 1 for g in groups.values()) and len({g.pop() for g in groups.values()}) == 4
+    sizes = {role: len(ranks[0][0].bundles) for role, ranks in slots.items()}
+    assert sizes == {r: len(spec.layout.roles[r]) for r in spec.roles}
+    assert sum(sizes.values()) == 8  # no device twice
+    assert [b for _, b in slots["actor"]] == [(i,) for i in range(len(spec.layout.roles["actor"]))]
+
+
+def test_bundles_of_a_cpu_run_are_worker_slots(ray_stand_in):
+    spec = _spec(["algo=grpo", "placement=disaggregated", "hardware.devices_per_node=3"])
+    launch.reserve(spec, launch.Cluster(spec=spec))
+    assert [pg.bundles for pg in ray_stand_in] == [[{"CPU": 1.0}]] * 3
+
+
+@pytest.fixture
+def spawned(monkeypatch, ray_stand_in):
+    """``_place`` with the actor spawns recorded: role -> (worker class, bundles, resources)."""
+    out: dict = {}
+
+    def spawn(cls, worker_cls, spec, role, slots, resources):
+        out[role] = (worker_cls.__name__, [b for _, b in slots], resources)
+        return ActorGroup(role, [f"{role}{i}" for i in range(len(slots))])
+
+    monkeypatch.setattr(ActorGroup, "spawn", classmethod(spawn))
+    hosts: list = []
+    monkeypatch.setattr(launch, "spawn_actor", lambda cls, spec, pg, bundle, res, *args: hosts.append(
+        (cls.__name__, bundle, res, args[:2])) or NS(_actor_id=f"host{bundle}"))
+    return out, hosts
+
+
+def test_hybrid_gpu_roles_share_each_device_equally(spawned):
+    out, hosts = spawned
+    spec = _spec(["algo=ppo", *GPU])
+    cluster = launch.Cluster(spec=spec)
+    launch._place(spec, cluster)
+    assert hosts == []
+    assert {r: res for r, (_, _, res) in out.items()} == {r: {"GPU": 0.25, "CPU": 0.25} for r in spec.roles}
+    assert out["actor"][0] == "PolicyWorker" and out["critic"][0] == "CriticWorker"
+    assert out["reference"][0] == "ReferenceWorker" and out["rollout"][0] == "RolloutWorker"
+
+
+def test_disaggregated_gpu_roles_take_whole_devices(spawned):
+    out, _ = spawned
+    spec = _spec(["algo=ppo", *GPU, "placement=disaggregated"])
+    launch._place(spec, launch.Cluster(spec=spec))
+    assert all(res == {"GPU": 1.0, "CPU": 1.0} for _, _, res in out.values())
+
+
+def test_cpu_hybrid_puts_every_role_of_a_device_in_one_host(spawned):
+    out, hosts = spawned
+    spec = _spec(["algo=ppo"])
+    assert can_colocate(spec)
+    cluster = launch.Cluster(spec=spec)
+    launch._place(spec, cluster)
+    assert out == {} and hosts == [("Host", 0, {"CPU": 1.0}, (0, 1))]
+    assert set(cluster.groups) == set(spec.roles)
+    for role, group in cluster.groups.items():
+        (handle,) = group.workers
+        assert isinstance(handle, RoleHandle) and handle.role == role and handle._actor_id == "host0"
+
+
+@pytest.mark.parametrize("overrides", [["placement=disaggregated", "hardware.devices_per_node=3"],
+                                       ["algo.async_steps=1", "algo.tis_cap=2.0"], [*GPU]])
+def test_a_process_per_role_elsewhere(overrides):
+    assert not can_colocate(_spec(["algo=grpo", *overrides]))
+
+
+def test_workers_get_the_device_settings_and_stay_offline_without_hub_models(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cpu, gpu = worker_env(_spec(["algo=grpo"])), worker_env(_spec(["algo=grpo", *GPU]))
+    assert cpu["DS_ACCELERATOR"] == "cpu" and cpu["OMP_NUM_THREADS"] == "1" and cpu["CUDA_VISIBLE_DEVICES"] == ""
+    assert gpu["DS_ACCELERATOR"] == "cuda" and "OMP_NUM_THREADS" not in gpu and "CUDA_VISIBLE_DEVICES" not in gpu
+    assert cpu["HF_HUB_OFFLINE"] == "1"
+    hub = NS(device="cpu", models={"model": NS(repo="org/model")})
+    assert worker_env(hub)["HF_HUB_OFFLINE"] == "0"
+
+
+def _node(node_id, address, gpus, cpus=64.0, alive=True):
+    return {"NodeID": node_id, "NodeManagerAddress": address, "Alive": alive,
+            "Resources": {"GPU": gpus, "CPU": cpus}}
+
+
+def test_plan_nodes_are_the_drivers_first_then_by_address(monkeypatch):
+    spec = _spec(["algo=grpo", "hardware=4x8xh100", "model=llama3-70b"])
+    nodes = [_node("d", "10.0.0.9", 8), _node("c", "10.0.0.3", 8), _node("small", "10.0.0.1", 4),
+             _node("dead", "10.0.0.2", 8, alive=False), _node("b", "10.0.0.5", 8), _node("a", "10.0.0.4", 8)]
+    monkeypatch.setattr(launch.ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(launch.ray, "get_runtime_context", lambda: NS(get_node_id=lambda: "d"))
+    assert launch.ray_nodes(spec) == ["d", "c", "a", "b"]
+    monkeypatch.setattr(launch.ray, "nodes", lambda: nodes[:3])
+    with pytest.raises(UserError, match=r"needs 4 nodes with 8 GPUs and 8 CPUs each, but the Ray cluster has 2 "
+                                        r"such nodes .*hardware.nodes=2"):
+        launch.ray_nodes(spec)

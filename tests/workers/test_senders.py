@@ -1,0 +1,62 @@
+"""The GPU weight sender a policy rank holds (``rlhf.workers.sync_cuda.sender_for``), picked by the
+run's placement, and the worker methods the driver reaches it and the train states through. The
+senders' constructors touch no GPU, so the choice is checked on CPU; sending needs a GPU
+(tests/gpu)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender, sender_for
+from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker, TrainedWorker
+
+
+def _spec(mode: str, engines=((0,), (1,))):
+    return NS(layout=NS(mode=mode, engines=engines))
+
+
+@pytest.mark.parametrize("mode,cls", [("hybrid", CudaIPCSender), ("disaggregated", NcclSender)])
+def test_the_placement_picks_the_sender_and_only_rank_0_talks_to_the_engines(mode, cls):
+    lead = sender_for(_spec(mode), ["e0", "e1"], rank=0)
+    other = sender_for(_spec(mode), ["e0", "e1"], rank=1)
+    assert type(lead) is cls and type(other) is cls
+    assert lead.engines == ["e0", "e1"] and other.engines == []
+
+
+def test_nccl_ranks_count_each_engines_tensor_parallel_workers():
+    sender = sender_for(_spec("disaggregated", engines=((0, 1), (2, 3), (4, 5))), ["a", "b", "c"], rank=0)
+    assert sender.engine_tp == [2, 2, 2] and sender.world_size == 7
+
+
+def test_trained_roles_answer_the_schedule_and_only_the_policy_sends():
+    for cls in (PolicyWorker, CriticWorker):
+        assert issubclass(cls, TrainedWorker)
+    assert not issubclass(ReferenceWorker, TrainedWorker)
+    assert hasattr(PolicyWorker, "gpu_sync_send") and not hasattr(CriticWorker, "gpu_sync_send")
+
+
+def test_the_train_states_move_once_and_come_back_once(monkeypatch):
+    """Offload twice without a reload moves the engine's states once (the schedule offloads after
+    the first send and at the start); reload only after an offload."""
+    import torch
+
+    from rlhf.workers.sync_cuda import TrainStates
+
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 0)
+    calls = []
+    engine = NS(offload_states=lambda include: calls.append(("offload", include)),
+                reload_states=lambda: calls.append(("reload",)))
+    states = TrainStates(engine, zero_stage=1)
+    assert set(states.offload()) == {"memory/train_peak_reserved_gib", "time/offload_train",
+                                     "memory/train_resident_gib"}
+    states.offload()
+    assert "time/reload_train" in states.reload()
+    states.reload()
+    assert calls == [("offload", None), ("reload",)]
+    TrainStates(engine, zero_stage=0).offload()  # ZeRO-0: DeepSpeed cannot offload; only the figures
+    assert calls == [("offload", None), ("reload",)]
