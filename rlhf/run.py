@@ -8,7 +8,9 @@ cleanup always.
     run_dir/.rlhf-run.lock while the run lives: its pid and host (rlhf.run_lock; one live run per dir)
 
 A refused write (disk full, quota, read-only or deleted run dir; ``rlhf.storage``) is one line and
-exit code 1, the newest complete checkpoint kept.
+exit code 1, the newest complete checkpoint kept. So is a worker that died, a rollout engine whose
+vLLM core died, or a collective that timed out (``rlhf.launch.failures``: role, rank, GPUs, phase
+and step, the last checkpoint).
 
 Signals: Ctrl-C (SIGINT) exits 130, SIGTERM 143, both after cleanup (cluster shut down, MLflow run
 KILLED). Inside the RL step loop the first one stops the run at the end of the current step with
@@ -230,7 +232,9 @@ def run(spec: Any) -> int:
             _close(console)
             print(f"error: {user}", file=sys.stderr)
             return EXIT_USER
-        died = _dead_worker(e, cluster)
+        from rlhf.launch.failures import worker_failure
+
+        died = worker_failure(e, cluster)  # a dead worker or engine, a collective timeout
         if died is not None:
             _close(console)
             print(f"error: {died}", file=sys.stderr)
@@ -264,110 +268,6 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _dead_worker(e: BaseException, cluster) -> str | None:
-    """A Ray worker process that died (killed, out of memory, crashed) -> one line naming its role
-    (and its node when there are several; a lost node is named with every rank it held)."""
-    try:
-        from ray.exceptions import RayActorError
-    except ImportError:  # pragma: no cover
-        return None
-    if not isinstance(e, RayActorError):
-        return None
-    actor_id = getattr(e, "actor_id", None)
-    roles, rank = [], None  # several roles when one process held them (CPU hybrid)
-    if cluster is not None and actor_id:
-        for name, group in cluster.groups.items():
-            for r, w in enumerate(group.workers):
-                if w._actor_id.hex() == actor_id:
-                    roles.append(name)
-                    rank = r
-    cause = str(e).strip().split("\n")[0][:300]
-    if len(roles) > 1:
-        who = f"the process holding the {', '.join(roles[:-1])} and {roles[-1]} workers (rank {rank})"
-    else:
-        who = f"the {roles[0]} worker (rank {rank})" if roles else "a worker process"
-    ckpt = ""
-    if cluster is not None:
-        try:
-            from rlhf.ckpt.manager import find_latest
-
-            latest = find_latest(cluster.spec.output_dir or "outputs/run")
-            ckpt = f" Last checkpoint: {latest.path} (step {latest.step}); continue with resume=<run dir>." if latest \
-                else " No checkpoint was written yet."
-        except Exception:  # noqa: BLE001
-            pass
-    k = _worker_node(cluster, roles[0], rank) if roles else None
-    if k is not None:
-        lost = _lost_node(cluster, k, actor_id)
-        if lost is not None:  # Ray's cause would only say "its node has died"
-            return f"{lost} was lost during the run. Cluster shut down.{ckpt}"
-        who += f" on node {k}"
-    gpus = _worker_gpus(cluster, roles[0], rank) if roles else None
-    if gpus:
-        who += f", {gpus},"
-    return f"{who} died during the run ({cause}). Cluster shut down.{ckpt}"
-
-
-def _worker_gpus(cluster, role: str, rank: int) -> str | None:
-    """``GPU 3`` (``GPUs 4-7`` for a tensor-parallel engine), numbered within its node, on a GPU run."""
-    spec = getattr(cluster, "spec", None)
-    if spec is None or spec.device != "cuda":
-        return None
-    per_node = spec.hardware.devices_per_node
-    devs = tuple(spec.layout.engines[rank]) if role == "rollout" else (spec.layout.roles[role][rank],)
-    local = tuple(d % per_node for d in devs)
-    return f"GPU {local[0]}" if len(local) == 1 else f"GPUs {_span(local)}"
-
-
-def _worker_node(cluster, role: str, rank: int) -> int | None:
-    """The plan node of a role's rank, when the run has several nodes."""
-    if cluster is None or not cluster.nodes:
-        return None
-    from rlhf.spec.nodes import node_of, rank_devices
-
-    return node_of(cluster.spec, rank_devices(cluster.spec)[role][rank])
-
-
-def _lost_node(cluster, k: int, actor_id: str, wait_s: float = 30.0) -> str | None:
-    """The subject of the error line, node K (Ray node ..., holding <its ranks>), when plan node
-    ``k``, where the dead worker ran, is gone; None when the worker alone died.
-
-    The GCS marks a node dead before the actors on it, and a worker that crashed on a live node
-    is marked dead by its raylet: once the actor table says DEAD, the node table says whether
-    the node went with it. The wait covers an actor whose death is not recorded yet.
-    """
-    from rlhf.spec.nodes import node_ranks
-
-    spec, node_id = cluster.spec, cluster.nodes[k]
-    try:
-        import ray
-        from ray._private import state
-
-        deadline = time.monotonic() + wait_s
-        while True:
-            actor_dead = (state.actors(actor_id=actor_id) or {}).get("State") == "DEAD"
-            info = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
-            if not info.get("Alive", True):
-                break
-            if actor_dead or time.monotonic() > deadline:
-                return None
-            time.sleep(0.2)
-    except Exception:  # noqa: BLE001  (no answer from Ray: report the worker alone)
-        return None
-    held = []
-    for r, ranks in node_ranks(spec)[k].items():
-        what = f"{spec.rollout_engine} engine" if r == "rollout" else f"{r} rank"
-        held.append(f"{what}{'s' if len(ranks) > 1 else ''} {_span(ranks)}")
-    held_s = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
-    return f"node {k} (Ray node {node_id[:8]} at {info.get('NodeManagerAddress', '?')}, holding {held_s})"
-
-
-def _span(ranks: tuple[int, ...]) -> str:
-    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))
 
 
 def _user_error_inside(e: BaseException):

@@ -40,10 +40,12 @@ from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker
 
 class Phases:
     """Wall time per phase of a step: ``with phases("generate"): ...``. A CUDA out-of-memory
-    error in a phase becomes one line naming the phase, the plan's figure and what to change."""
+    error in a phase becomes one line naming the phase, the plan's figure and what to change;
+    any other error is marked with the phase and step for the run's error line."""
 
-    def __init__(self, spec: Any = None):
+    def __init__(self, spec: Any = None, step: Optional[int] = None):
         self.spec = spec
+        self.step = step
         self.times: dict[str, float] = {}
 
     @contextlib.contextmanager
@@ -58,6 +60,10 @@ class Phases:
                 from rlhf.spec.errors import UserError
 
                 raise UserError(oom_message(self.spec, name)) from None
+            if self.step is not None:
+                from rlhf.launch.failures import mark
+
+                mark(e, name, self.step + 1)
             raise
         finally:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
@@ -145,7 +151,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
     lean.__enter__()
     try:
         for step in range(start, spec.train.steps):
-            ph = Phases(spec)
+            ph = Phases(spec, step)
             t_step = time.perf_counter()
 
             # ---- generate + reward (dynamic sampling keeps only groups that teach something)

@@ -6,21 +6,27 @@ it. The message names both and the settings that lower that phase's memory.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 # the disaggregated figure of each phase that runs on a training role (generation: "rollout")
 ROLE_OF_PHASE = {"reference": "reference", "critic": "critic", "reward": "reward"}
 
 
+def causes(e: BaseException) -> Iterator[BaseException]:
+    """``e``, then what it wraps, outermost first: the error a Ray worker raised (a RayTaskError's
+    ``cause``) and ``raise ... from`` causes."""
+    seen = 0
+    while isinstance(e, BaseException) and seen < 8:
+        yield e
+        inner = getattr(e, "cause", None)  # a RayActorError's may be Ray's death record, not an error
+        e = inner if isinstance(inner, BaseException) and inner is not e else e.__cause__
+        seen += 1
+
+
 def is_cuda_oom(e: BaseException) -> bool:
     """A CUDA out-of-memory error, raised here or inside a Ray worker (its ``cause``)."""
-    seen = 0
-    while e is not None and seen < 8:
-        if type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e).split("\n")[0]:
-            return True
-        e = getattr(e, "cause", None) or e.__cause__
-        seen += 1
-    return False
+    return any(type(c).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(c).split("\n")[0]
+               for c in causes(e))
 
 
 def oom_message(spec: Any, phase: str) -> str:

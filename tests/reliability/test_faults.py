@@ -80,7 +80,9 @@ def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, c
     line = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     # CPU hybrid holds every role in one process per device (rlhf.launch.group.Host): killing the
     # actor's process kills the rollout engine's too, and the line names both
-    assert len(line) == 1 and "(rank 0) died during the run" in line[0], err
+    assert len(line) == 1 and " died during the " in line[0] and " of step 3: " in line[0], err
+    assert line[0].startswith("error: rollout engine 0 died" if role == "rollout" else
+                              "error: the process holding the actor, reference and rollout workers (rank 0) died"), err
     assert role in line[0].split("died")[0], err
     assert "Traceback" not in err
     assert len(rows) == 2  # steps 1 and 2 finished

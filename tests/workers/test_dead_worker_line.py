@@ -1,5 +1,6 @@
 """A dead worker on a GPU run: one line naming its role, rank and GPU(s) (a stand-in cluster and
-Ray's own RayActorError; no Ray cluster, no GPU)."""
+Ray's own RayActorError; no Ray cluster, no GPU). Errors raised inside live workers (a dead vLLM
+engine core, a collective timeout): tests/reliability/test_worker_failures.py."""
 
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ class _Handle:
 def test_dead_worker_names_role_rank_and_gpus(role, tmp_path):
     from ray.exceptions import RayActorError
 
-    from rlhf.run import _dead_worker
+    from rlhf.launch.failures import worker_failure
 
     spec = _spec(["model=qwen2.5-7b", "hardware=8xh100", "placement=disaggregated", "placement.actor=4",
                   "placement.reference=0", "algo.kl.coef=0", "placement.rollout.engines=1",
@@ -31,13 +32,14 @@ def test_dead_worker_names_role_rank_and_gpus(role, tmp_path):
               for r in spec.roles}
     groups["rollout"] = SimpleNamespace(workers=[_Handle(f"rollout{i}") for i in range(len(spec.layout.engines))])
     if role == "rollout":  # the vLLM engine spanning GPUs 4-7
-        rank, gpus = 0, "GPUs 4-7"
+        who = "rollout engine 0 (GPUs 4-7)"
+        rank = 0
     else:  # the actor's last rank
         rank = len(spec.layout.roles["actor"]) - 1
-        gpus = f"GPU {spec.layout.roles['actor'][rank]}"
+        who = f"actor rank {rank} (GPU {spec.layout.roles['actor'][rank]})"
     cluster = SimpleNamespace(groups=groups, spec=spec, nodes=[])
     e = RayActorError(actor_id=f"{role}{rank}")
-    line = _dead_worker(e, cluster)
+    line = worker_failure(e, cluster)
     assert "\n" not in line
-    assert line.startswith(f"the {role} worker (rank {rank}), {gpus}, died during the run"), line
+    assert line.startswith(f"{who} died during the run: "), line
     assert "Cluster shut down." in line
