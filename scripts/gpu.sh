@@ -57,6 +57,7 @@ learn|0|580|bash scripts/learn_gpu.sh
 bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5-1.5b --buckets 128,512,1024
 bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
 bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework
+mismatch|1|480|$PY -m bench.mismatch
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
 grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2
@@ -137,7 +138,7 @@ PYEOF
 echo; cat "$OUT/summary.txt"
 echo; echo "tables:"
 for f in "$OUT"/lane0.log "$OUT"/lane1.log "$OUT"/both.log; do
-  [ -f "$f" ] && grep -E -A12 "^(rollout,|weight sync,|actor update,)" "$f" | grep -v "^--$"
+  [ -f "$f" ] && grep -E -A12 "^(rollout,|weight sync,|actor update,|log-prob mismatch,)" "$f" | grep -v "^--$"
 done
 grep -h -A26 "^e2e GRPO step" "$OUT"/lane0.log 2>/dev/null
 grep -h "^RESULT" "$OUT"/*.log 2>/dev/null | grep -E '"name": "(greedy_|ipc_sync|nccl_sync|sleep_level|logprob_mismatch|grpo)' \
