@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rlhf.config.exits import EXIT_CONFIG
+from rlhf.spec.runspec import RunSpec
 
 
-def check_before_run(spec: Any) -> int:
+def check_before_run(spec: RunSpec) -> int:
     """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
     having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
     from rlhf.spec.errors import UserError
@@ -27,7 +27,7 @@ def check_before_run(spec: Any) -> int:
     return 0
 
 
-def execute(spec: Any, checked: bool = False) -> int:
+def execute(spec: RunSpec, checked: bool = False) -> int:
     """Plan or run a built spec; the return value is the process exit code. ``checked``:
     ``check_before_run`` has passed already.
 

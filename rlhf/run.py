@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import RunSpec
 
 
 class Terminated(KeyboardInterrupt):
@@ -80,7 +81,7 @@ class StopRequest:
 LOOPS = ("rl", "sft", "rm", "dpo")  # rlhf/loops/<kind>.py, each with run(spec, cluster, tracker, console, run_dir)
 
 
-def write_run_dir(spec: Any) -> Path:
+def write_run_dir(spec: RunSpec) -> Path:
     import yaml
 
     from rlhf.spec.build import config_dict, to_dict
@@ -100,7 +101,7 @@ def write_run_dir(spec: Any) -> Path:
     return run_dir
 
 
-def run(spec: Any) -> int:
+def run(spec: RunSpec) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind

@@ -18,10 +18,11 @@ overlap training.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+from rlhf.spec.runspec import RunSpec
 
 
-def can_colocate(spec: Any) -> bool:
+def can_colocate(spec: RunSpec) -> bool:
     """CPU, hybrid, no async rollouts, every role on every device with one rank per device."""
     layout = spec.layout
     if spec.device != "cpu" or layout.mode != "hybrid" or getattr(spec.algo, "async_steps", 0):
@@ -39,7 +40,7 @@ def can_colocate(spec: Any) -> bool:
 class Host:
     """A Ray actor holding the worker objects of several roles (one rank each) of one device."""
 
-    def __init__(self, spec: Any, rank: int, world_size: int, roles: dict[str, tuple[str, str]]):
+    def __init__(self, spec: RunSpec, rank: int, world_size: int, roles: dict[str, tuple[str, str]]):
         self.workers = {}
         for role, (module, name) in roles.items():
             cls = getattr(importlib.import_module(module), name)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import ray
 
 from rlhf.launch.colocate import RoleHandle
+from rlhf.spec.runspec import RunSpec
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -22,7 +23,7 @@ def method_name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
 
 
-def worker_env(spec: Any) -> dict[str, str]:
+def worker_env(spec: RunSpec) -> dict[str, str]:
     # Workers load the dirs the driver resolved (spec.models); they use the network only on a node
     # that lacks a Hub snapshot (rlhf.models.model_dir), and only where the user allows it.
     hub = any(m.repo for m in (getattr(spec, "models", None) or {}).values())
@@ -43,7 +44,7 @@ def worker_env(spec: Any) -> dict[str, str]:
     return env
 
 
-def spawn_actor(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float], *args):
+def spawn_actor(cls: type, spec: RunSpec, pg: Any, bundle: int, resources: dict[str, float], *args):
     """Start ``cls(spec, *args)`` as a Ray actor on bundle ``bundle`` of placement group ``pg``."""
     opts: dict = {
         "num_cpus": resources.get("CPU", 0),
@@ -76,7 +77,7 @@ class ActorGroup:
         self.workers = list(workers)
 
     @classmethod
-    def spawn(cls, worker_cls: type, spec: Any, role: str, slots: Sequence[tuple[Any, int]],
+    def spawn(cls, worker_cls: type, spec: RunSpec, role: str, slots: Sequence[tuple[Any, int]],
               resources: dict[str, float]) -> "ActorGroup":
         return cls(role, [spawn_actor(worker_cls, spec, pg, bundle, resources, role, rank, len(slots))
                           for rank, (pg, bundle) in enumerate(slots)])

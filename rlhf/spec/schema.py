@@ -11,7 +11,7 @@ A field exists only where code reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from omegaconf import MISSING
 
@@ -215,6 +215,7 @@ class SFTAlgo(OfflineAlgo):
 
 
 ALGO_SCHEMAS = {"rl": RLAlgo, "dpo": DPOAlgo, "rm": RMAlgo, "sft": SFTAlgo}
+AlgoSpec = Union[RLAlgo, DPOAlgo, RMAlgo, SFTAlgo]  # the algo section of a built spec
 
 
 # --------------------------------------------------------------------------- model

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.train import PolicyWorker
 
@@ -35,7 +36,7 @@ class ObjectStoreTransport:
         return {}
 
 
-def make_transport(spec: Any, cluster: Any) -> Any:
+def make_transport(spec: RunSpec, cluster: Any) -> Any:
     """The weight transport for the run's device, rollout engine and placement."""
     if spec.device == "cuda" and spec.rollout_engine == "vllm":
         from rlhf.workers.sync_cuda import CudaTransport  # CUDA IPC (hybrid) / NCCL (disaggregated)
