@@ -45,7 +45,7 @@ def check_output_dir(path: str) -> None:
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 
 
-def resolve_models(spec: RunSpec, console: Any = None) -> Any:
+def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
     """Find model.path (and reward.model_path) once, in the driver: a local dir (checked for
     config.json and weights), builtin:<name> (built once), or a Hub id: the HF cache, else a download
     (``model.revision``; HF_HUB_OFFLINE=1: the cache only). Returns the spec with the results

@@ -75,7 +75,7 @@ def _hardware_options() -> dict[str, dict]:
     return {p.stem: yaml.safe_load(p.read_text()) for p in sorted((conf_dir() / "hardware").glob("*.yaml"))}
 
 
-def apply(spec: RunSpec, overrides: Sequence[str]) -> Optional[Any]:
+def apply(spec: RunSpec, overrides: Sequence[str]) -> Optional[RunSpec]:
     """The spec rebuilt with ``overrides`` (KEY=VALUE, or hardware=<option>); None if it does not build."""
     import yaml
 
