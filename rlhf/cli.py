@@ -28,6 +28,7 @@ from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choic
                          resume_dir, resume_spec, run_dir_for)
 from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
 from rlhf.run import check_before_run, execute
+from rlhf.spec.runspec import RunSpec
 
 # ----------------------------------------------------------------------------- help
 
@@ -235,7 +236,7 @@ def hydra_only(args: Args) -> int:
     return run_app(lambda cfg: None, argv, config_dir=args.config_dir, config_name=args.config_name)
 
 
-def run_in_hydra(spec: Any, overrides: Sequence[str], config_dir: Optional[str] = None,
+def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[str] = None,
                  config_name: str = "config") -> int:
     """Run a built spec as the job of the Hydra app: Hydra makes its run dir the spec's output_dir
     (``.hydra/`` inside, ``hydra.job.chdir`` honoured), then the task executes the spec. The spec was

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import RunSpec
 
 ID_KEYS = ("id", "uid", "prompt_id")
 
@@ -44,7 +45,7 @@ def check_output_dir(path: str) -> None:
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 
 
-def resolve_models(spec: Any, console: Any = None) -> Any:
+def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
     """Find model.path (and reward.model_path) once, in the driver: a local dir (checked for
     config.json and weights), builtin:<name> (built once), or a Hub id: the HF cache, else a download
     (``model.revision``; HF_HUB_OFFLINE=1: the cache only). Returns the spec with the results
@@ -65,7 +66,7 @@ def resolve_models(spec: Any, console: Any = None) -> Any:
     return with_models(spec, found)
 
 
-def check_model(spec: Any, needs_chat_template: bool = False):
+def check_model(spec: RunSpec, needs_chat_template: bool = False):
     """Resolve the model path and load its tokenizer (builds builtin:tiny once). Returns the tokenizer."""
     from rlhf.models import load_tokenizer, model_dir
 
@@ -85,7 +86,7 @@ def check_model(spec: Any, needs_chat_template: bool = False):
     return tok
 
 
-def needs_chat_template(spec: Any, rows: Optional[list] = None) -> bool:
+def needs_chat_template(spec: RunSpec, rows: Optional[list] = None) -> bool:
     if spec.data.chat_template:
         return True
     key = spec.data.prompt_key
@@ -129,7 +130,7 @@ def check_prompt_rows(name: str, rows: list[dict], prompt_key: str) -> None:
             seen[rid] = i
 
 
-def prompt_lengths(spec: Any, tokenizer, rows: list[dict]) -> list[int]:
+def prompt_lengths(spec: RunSpec, tokenizer, rows: list[dict]) -> list[int]:
     from rlhf.data.prompts import render_prompt
 
     out = []
@@ -140,7 +141,7 @@ def prompt_lengths(spec: Any, tokenizer, rows: list[dict]) -> list[int]:
     return out
 
 
-def long_prompt_filter(spec: Any, tokenizer):
+def long_prompt_filter(spec: RunSpec, tokenizer):
     """A ``keep(row)`` predicate: the prompt fits rollout.max_prompt_tokens."""
     limit = spec.rollout.max_prompt_tokens
 
@@ -150,7 +151,7 @@ def long_prompt_filter(spec: Any, tokenizer):
     return keep
 
 
-def check_prompts(spec: Any, tokenizer) -> dict[str, int]:
+def check_prompts(spec: RunSpec, tokenizer) -> dict[str, int]:
     """Read every RL train file and check its rows; {file: prompts over the length limit}.
 
     Raises UserError when a file cannot be read, a row is bad, or every prompt is over the limit."""
@@ -174,7 +175,7 @@ def check_prompts(spec: Any, tokenizer) -> dict[str, int]:
     return over
 
 
-def check_rewards(spec: Any) -> None:
+def check_rewards(spec: RunSpec) -> None:
     """Import every reward function now (a typo or an import error is found before Ray starts)."""
     from rlhf.rewards.loader import load_function
 
@@ -187,7 +188,7 @@ def check_rewards(spec: Any) -> None:
         load_env(env.fn)
 
 
-def check_fits(spec: Any) -> None:
+def check_fits(spec: RunSpec) -> None:
     """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
     a promise both ways (what it calls fitting must run, and what it rejects never starts)."""
     from rlhf.spec.memory import estimate
@@ -200,7 +201,7 @@ def check_fits(spec: Any) -> None:
     raise UserError(first[2:] + " (rlhf-run <same overrides> --plan shows every figure)")
 
 
-def preflight(spec: Any, console: Any = None) -> Any:
+def preflight(spec: RunSpec, console: Any = None) -> Any:
     """Everything that can be checked in the driver before the cluster starts (UserError).
 
     For sft/rm/dpo that is reading and tokenising the data sets: the result (``prepare`` of the

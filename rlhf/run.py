@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import RunSpec
 
 
 class Terminated(KeyboardInterrupt):
@@ -84,7 +85,7 @@ class StopRequest:
 LOOPS = ("rl", "sft", "rm", "dpo")  # rlhf/loops/<kind>.py, each with run(spec, cluster, tracker, console, run_dir)
 
 
-def write_run_dir(spec: Any) -> Path:
+def write_run_dir(spec: RunSpec) -> Path:
     import yaml
 
     from rlhf.spec.build import config_dict, to_dict
@@ -104,7 +105,7 @@ def write_run_dir(spec: Any) -> Path:
     return run_dir
 
 
-def check_before_run(spec: Any) -> int:
+def check_before_run(spec: RunSpec) -> int:
     """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
     having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
     try:
@@ -121,7 +122,7 @@ def check_before_run(spec: Any) -> int:
     return 0
 
 
-def execute(spec: Any, checked: bool = False) -> int:
+def execute(spec: RunSpec, checked: bool = False) -> int:
     """Plan or run a built spec; the return value is the process exit code. ``checked``:
     ``check_before_run`` has passed already.
 
@@ -149,7 +150,7 @@ def execute(spec: Any, checked: bool = False) -> int:
         return getattr(e, "exit_code", EXIT_USER)
 
 
-def run(spec: Any) -> int:
+def run(spec: RunSpec) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind

@@ -37,6 +37,7 @@ from rlhf.config import build_spec, check_group_choices, compose, parse_override
 from rlhf.config.exits import EXIT_CONFIG
 from rlhf.run import execute
 from rlhf.spec.errors import SpecError
+from rlhf.spec.runspec import RunSpec
 
 
 @dataclass
@@ -68,7 +69,7 @@ class SweepHooks:
     def sweep_start(self, sweep_dir: Optional[str], jobs: Sequence[Job]) -> None:
         pass
 
-    def job_start(self, job: Job, spec: Any) -> None:
+    def job_start(self, job: Job, spec: RunSpec) -> None:
         pass
 
     def job_end(self, job: Job, result: JobResult) -> None:
@@ -86,7 +87,7 @@ class RaySweepHooks(SweepHooks):
     def __init__(self) -> None:
         self.started = False
 
-    def job_start(self, job: Job, spec: Any) -> None:
+    def job_start(self, job: Job, spec: RunSpec) -> None:
         if spec.mode != "run" or spec.ray.address:
             return
         import os
@@ -138,7 +139,7 @@ class MlflowSweepHooks(SweepHooks):
     def sweep_start(self, sweep_dir: Optional[str], jobs: Sequence[Job]) -> None:
         self.sweep_dir, self.n_jobs = sweep_dir, len(jobs)
 
-    def _open(self, spec: Any) -> None:
+    def _open(self, spec: RunSpec) -> None:
         from rlhf.track import Tracker
 
         t = Tracker.experiment_only(spec, spec.output_dir)
@@ -149,7 +150,7 @@ class MlflowSweepHooks(SweepHooks):
             "rlhf.sweep_jobs": str(self.n_jobs)})
         self.parent_id = run.info.run_id
 
-    def job_start(self, job: Job, spec: Any) -> None:
+    def job_start(self, job: Job, spec: RunSpec) -> None:
         from rlhf.track.tracker import SWEEP_PARENT
 
         if spec.mode != "run" or spec.tracking.backend != "mlflow":
@@ -398,7 +399,7 @@ class PendingJob:
 
     sweep: _Sweep
     job: Job
-    spec: Any
+    spec: RunSpec
     result: JobResult
 
     @property

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.train import CriticWorker, PolicyWorker
 
 TRAINED_ROLES = ("actor", "critic")
 
 
-def manager(spec: Any, run_dir: str) -> CheckpointManager:
+def manager(spec: RunSpec, run_dir: str) -> CheckpointManager:
     c = spec.checkpoint
     return CheckpointManager(run_dir, every=c.every, keep_last=c.keep_last, best_metric=c.best_metric)
 
@@ -39,7 +40,7 @@ def _groups(cluster: Any) -> list:
     return [g for g in (cluster.actor, cluster.critic) if g is not None]
 
 
-def save(spec: Any, ckpt: CheckpointManager, step: int, cluster: Any, driver_state: dict,
+def save(spec: RunSpec, ckpt: CheckpointManager, step: int, cluster: Any, driver_state: dict,
          metrics: Optional[dict] = None) -> Path:
     """Checkpoint after ``step`` finished steps (``driver_state['step']`` = the next step to run)."""
     import torch
@@ -63,7 +64,7 @@ def save(spec: Any, ckpt: CheckpointManager, step: int, cluster: Any, driver_sta
         return ckpt.commit(tmp, step, metrics)
 
 
-def latest(spec: Any, run_dir: str) -> Optional[CheckpointInfo]:
+def latest(spec: RunSpec, run_dir: str) -> Optional[CheckpointInfo]:
     """The checkpoint to resume from: ``resume=<dir>`` (a run dir or a checkpoint dir), else the
     run dir's own newest complete checkpoint (a restarted run continues by itself)."""
     src = spec.resume or run_dir
@@ -89,7 +90,7 @@ def restore(info: CheckpointInfo, cluster: Any) -> dict:
     return state
 
 
-def export_final(spec: Any, cluster: Any, run_dir: str) -> str:
+def export_final(spec: RunSpec, cluster: Any, run_dir: str) -> str:
     """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready."""
     final = Path(run_dir) / "final"
     with exporting(run_dir, final / "hf", final / "critic_hf"):

@@ -12,6 +12,7 @@ from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
 from rlhf.config.overrides import parse_overrides
 from rlhf.config.rundir import run_dir_for
 from rlhf.paths import recipes_dir
+from rlhf.spec.runspec import RunSpec
 
 
 def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[dict] = None) -> tuple[str, ...]:
@@ -59,7 +60,7 @@ def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[
 
 
 def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
-               choices: Optional[dict] = None, claim_run_dir: bool = False):
+               choices: Optional[dict] = None, claim_run_dir: bool = False) -> RunSpec:
     """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
     if the primary config did not come from the shipped groups. ``claim_run_dir``: create the
     default run dir now (``run_dir_for``); it is removed again if the spec does not build."""
@@ -99,7 +100,7 @@ def resume_dir(overrides: Sequence[str]) -> Optional[str]:
     return None
 
 
-def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False):
+def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False) -> RunSpec:
     """``rlhf-run resume=<run dir> [KEY=VALUE ...]``: the run's saved config.yaml (+ overrides), in
     the same run dir; the RL loop then loads the newest checkpoint and continues at the next step."""
     from omegaconf import open_dict

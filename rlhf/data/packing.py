@@ -79,7 +79,7 @@ def pack(batch: Batch, rows: Sequence[int]) -> Packed:
     """The rows ``rows`` of a padded batch as one padding-free sequence (see the module doc).
     Every row needs at least one prompt token (the position that predicts the first response
     token). An empty ``rows`` gives a one-token stand-in whose ``pred_index`` is empty."""
-    ids, attn = batch["input_ids"], batch["attention_mask"]
+    ids = batch["input_ids"]
     R = batch["response_mask"].shape[1]
     T = ids.shape[1]
     P = T - R

@@ -28,6 +28,7 @@ import torch
 
 from rlhf.data.files import Records, check_messages, row_value
 from rlhf.data.sft import TRUNCATION, Row, TruncationReport, first_fit, prompt_ids, response_ids
+from rlhf.spec.schema import DataSpec
 from rlhf.spec.errors import UserError
 
 
@@ -55,7 +56,7 @@ def _split_conversations(rec: Records, i: int, chosen: list, rejected: list) -> 
     return chosen[:k], chosen[k:], rejected[k:]
 
 
-def pair_from_row(rec: Records, i: int, tokenizer: Any, data: Any) -> Pair:
+def pair_from_row(rec: Records, i: int, tokenizer: Any, data: DataSpec) -> Pair:
     row = rec.rows[i]
     where = rec.where(i)
     chosen = row_value(rec, i, data.chosen_key, spec_key="chosen_key", kinds=("text", "messages"))
@@ -95,7 +96,7 @@ def truncate_pair(pair: Pair, max_length: int, policy: str) -> tuple[Optional[Pa
     return out, longest - max_length
 
 
-def build_pairs(rec: Records, tokenizer: Any, data: Any, max_length: int, what: str = "preference") -> tuple[list[Pair], TruncationReport]:
+def build_pairs(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "preference") -> tuple[list[Pair], TruncationReport]:
     policy = getattr(data, "truncation", "right")
     if policy not in TRUNCATION:
         raise UserError(f"data.truncation={policy!r} is not a policy. Use one of: {', '.join(TRUNCATION)}.")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from rlhf.spec.errors import UserError
+from rlhf.spec.schema import DataSpec
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -49,7 +50,7 @@ def read_rows(name: str, prompt_key: Optional[str] = None, columns: Optional[Seq
 class PromptSource:
     """Rows of the training files, mixed by ``data.weights``, shuffled per epoch with the run seed."""
 
-    def __init__(self, data_spec: Any, seed: int):
+    def __init__(self, data_spec: DataSpec, seed: int):
         self.spec = data_spec
         self.files = [read_rows(f, data_spec.prompt_key, data_spec.columns) for f in data_spec.train_files]
         self.weights = list(data_spec.weights) if data_spec.weights else [len(r) for r in self.files]
@@ -111,7 +112,7 @@ class PromptSource:
             self._orders = [list(o) for o in state["orders"]]
 
 
-def render_prompt(row: dict, data_spec: Any, tokenizer) -> str:
+def render_prompt(row: dict, data_spec: DataSpec, tokenizer) -> str:
     text = row[data_spec.prompt_key]
     if isinstance(text, list):  # chat messages
         return tokenizer.apply_chat_template(text, tokenize=False, add_generation_prompt=True)

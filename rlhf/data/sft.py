@@ -29,6 +29,7 @@ import torch
 
 from rlhf.data.files import Records, check_messages, row_value
 from rlhf.spec.errors import UserError
+from rlhf.spec.schema import DataSpec
 
 TRUNCATION = ("right", "left", "drop")
 
@@ -170,7 +171,7 @@ class Example:
     loss_mask: list[int]  # 1 on the tokens trained on (predicted from the tokens before them)
 
 
-def sft_example(rec: Records, i: int, tokenizer: Any, data: Any) -> Example:
+def sft_example(rec: Records, i: int, tokenizer: Any, data: DataSpec) -> Example:
     row = rec.rows[i]
     where = rec.where(i)
     if data.messages_key in row and isinstance(row[data.messages_key], list):
@@ -204,7 +205,7 @@ def truncate(ex: Example, max_length: int, policy: str) -> tuple[Optional[Exampl
     return out, n - max_length
 
 
-def build_sft(rec: Records, tokenizer: Any, data: Any, max_length: int, what: str = "sft") -> tuple[list[Example], TruncationReport]:
+def build_sft(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "sft") -> tuple[list[Example], TruncationReport]:
     policy = getattr(data, "truncation", "right")
     if policy not in TRUNCATION:
         raise UserError(f"data.truncation={policy!r} is not a policy. Use one of: {', '.join(TRUNCATION)}.")

@@ -30,6 +30,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_
 from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
 from rlhf.spec.errors import UserError
 from rlhf.spec.nodes import node_of, rank_devices
+from rlhf.spec.runspec import RunSpec
 
 ROLE_CLASSES = {
     "actor": ("rlhf.workers.train", "PolicyWorker"),
@@ -49,7 +50,7 @@ def _cls(role: str):
 
 @dataclass
 class Cluster:
-    spec: Any
+    spec: RunSpec
     groups: dict[str, ActorGroup] = field(default_factory=dict)
     placement_groups: list = field(default_factory=list)
     started_ray: bool = False
@@ -91,7 +92,7 @@ class Cluster:
         self.started_ray = False
 
 
-def init_ray(spec: Any) -> bool:
+def init_ray(spec: RunSpec) -> bool:
     """Join ``spec.ray.address``, reuse a Ray already initialised in this process, or start one
     locally. Returns True when this call started Ray (the cluster then shuts it down)."""
     if ray.is_initialized():
@@ -119,13 +120,13 @@ def init_ray(spec: Any) -> bool:
     return True
 
 
-def _bundle(spec: Any) -> dict[str, float]:
+def _bundle(spec: RunSpec) -> dict[str, float]:
     if spec.device == "cpu":
         return {"CPU": 1.0}
     return {"GPU": 1.0, "CPU": 1.0}
 
 
-def start_cluster(spec: Any) -> Cluster:
+def start_cluster(spec: RunSpec) -> Cluster:
     """Placement groups + actor groups for ``spec.roles``; models loaded when this returns."""
     cluster = Cluster(spec=spec)
     cluster.started_ray = init_ray(spec)
@@ -141,7 +142,7 @@ def start_cluster(spec: Any) -> Cluster:
     return cluster
 
 
-def ray_nodes(spec: Any) -> list[str]:
+def ray_nodes(spec: RunSpec) -> list[str]:
     """The Ray node id of each plan node: the driver's node first, then the others by address.
 
     Only nodes with a whole node's devices count (``devices_per_node`` GPUs and CPUs; on CPU,
@@ -168,7 +169,7 @@ def ray_nodes(spec: Any) -> list[str]:
     return [n["NodeID"] for n in fit[:hw.nodes]]
 
 
-def _reserve(spec: Any, cluster: Cluster, devices) -> Any:
+def _reserve(spec: RunSpec, cluster: Cluster, devices) -> Any:
     """A placement group with one bundle per device in ``devices`` (global indices), each on its
     plan node when there are several; ready (the cluster removes it at shutdown)."""
     kwargs = {}
@@ -180,7 +181,7 @@ def _reserve(spec: Any, cluster: Cluster, devices) -> Any:
     return pg
 
 
-def reserve(spec: Any, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int, ...]]]]:
+def reserve(spec: RunSpec, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int, ...]]]]:
     """Placement groups for ``spec.layout``, ready: role -> for each rank, (placement group, the
     bundles of its devices; a rollout engine's are its TP group)."""
     if spec.hardware.nodes > 1:
@@ -204,7 +205,7 @@ def reserve(spec: Any, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int,
     return out
 
 
-def _place(spec: Any, cluster: Cluster) -> None:
+def _place(spec: RunSpec, cluster: Cluster) -> None:
     slots = reserve(spec, cluster)
     unit = "CPU" if spec.device == "cpu" else "GPU"
     if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there

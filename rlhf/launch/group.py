@@ -24,9 +24,11 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import ray
+
+from rlhf.spec.runspec import RunSpec
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -40,7 +42,7 @@ def method_name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
 
 
-def worker_env(spec: Any) -> dict[str, str]:
+def worker_env(spec: RunSpec) -> dict[str, str]:
     # Workers load the dirs the driver resolved (spec.models); they use the network only on a node
     # that lacks a Hub snapshot (rlhf.models.model_dir), and only where the user allows it.
     hub = any(m.repo for m in (getattr(spec, "models", None) or {}).values())
@@ -61,7 +63,7 @@ def worker_env(spec: Any) -> dict[str, str]:
     return env
 
 
-def spawn_actor(cls: type, spec: Any, pg: Any, bundle: int, resources: dict[str, float], *args):
+def spawn_actor(cls: type, spec: RunSpec, pg: Any, bundle: int, resources: dict[str, float], *args):
     """Start ``cls(spec, *args)`` as a Ray actor on bundle ``bundle`` of placement group ``pg``."""
     opts: dict = {
         "num_cpus": resources.get("CPU", 0),
@@ -94,7 +96,7 @@ class ActorGroup:
         self.workers = list(workers)
 
     @classmethod
-    def spawn(cls, worker_cls: type, spec: Any, role: str, slots: Sequence[tuple[Any, int]],
+    def spawn(cls, worker_cls: type, spec: RunSpec, role: str, slots: Sequence[tuple[Any, int]],
               resources: dict[str, float]) -> "ActorGroup":
         return cls(role, [spawn_actor(worker_cls, spec, pg, bundle, resources, role, rank, len(slots))
                           for rank, (pg, bundle) in enumerate(slots)])
@@ -145,7 +147,7 @@ class ActorGroup:
 # ----------------------------------------------------------------------------- colocated hosts (CPU hybrid)
 
 
-def can_colocate(spec: Any) -> bool:
+def can_colocate(spec: RunSpec) -> bool:
     """CPU, hybrid, no async rollouts, every role on every device with one rank per device."""
     layout = spec.layout
     if spec.device != "cpu" or layout.mode != "hybrid" or getattr(spec.algo, "async_steps", 0):
@@ -163,7 +165,7 @@ def can_colocate(spec: Any) -> bool:
 class Host:
     """A Ray actor holding the worker objects of several roles (one rank each) of one device."""
 
-    def __init__(self, spec: Any, rank: int, world_size: int, roles: dict[str, tuple[str, str]]):
+    def __init__(self, spec: RunSpec, rank: int, world_size: int, roles: dict[str, tuple[str, str]]):
         self.workers = {}
         for role, (module, name) in roles.items():
             cls = getattr(importlib.import_module(module), name)

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import Launched, launch, sampling_for
 from rlhf.rollout.prompts import tokenize_prompts
+from rlhf.spec.runspec import RunSpec
 
 
 class _Pending:
@@ -53,7 +54,7 @@ class _Pending:
 
 
 class Prefetcher:
-    def __init__(self, spec: Any, cluster: Any, data: Any, tokenizer):
+    def __init__(self, spec: RunSpec, cluster: Any, data: Any, tokenizer):
         self.spec, self.cluster, self.data, self.tokenizer = spec, cluster, data, tokenizer
         self.k = spec.algo.async_steps
         self.queue: deque[_Pending] = deque()

@@ -25,12 +25,13 @@ import torch
 from rlhf.algos.preference import dpo_loss
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import DPOObjective, SequenceLogps
+from rlhf.spec.runspec import RunSpec
 
 
 prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver before the cluster starts
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
+def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     algo = spec.algo
     prepared = prepared or prepare(spec, console)

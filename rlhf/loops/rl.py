@@ -34,6 +34,7 @@ from rlhf.rewards import Rewards
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.rollout.prompts import score_samples, tokenize_prompts
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.schedule import make_schedule
 from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker
 
@@ -43,7 +44,7 @@ class Phases:
     error in a phase becomes one line naming the phase, the plan's figure and what to change;
     any other error is marked with the phase and step for the run's error line."""
 
-    def __init__(self, spec: Any = None, step: Optional[int] = None):
+    def __init__(self, spec: Optional[RunSpec] = None, step: Optional[int] = None):
         self.spec = spec
         self.step = step
         self.times: dict[str, float] = {}
@@ -70,7 +71,7 @@ class Phases:
 
 
 @contextlib.contextmanager
-def lean_driver(spec: Any):
+def lean_driver(spec: RunSpec):
     """For the loop's duration: objects built during setup are frozen out of the garbage
     collector's scans (``gc.freeze``), and on GPU runs the driver's torch uses one thread. The
     driver only coordinates there; its tensor work (collate, advantages) is a few ``[B, T]`` ops
@@ -90,7 +91,7 @@ def lean_driver(spec: Any):
         gc.unfreeze()
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
     from rlhf.models import load_tokenizer, model_dir
 
     algo, B = spec.algo, spec.batch
@@ -253,7 +254,7 @@ def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str) -> di
 # ----------------------------------------------------------------------------- generation + reward
 
 
-def sample_step(spec, step, data, tokenizer, cluster, rewards, ph, prefetch=None):
+def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, prefetch=None):
     """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups.
 
     With ``algo.dynamic_sampling`` (DAPO) groups whose scores are all equal are dropped and more
@@ -328,7 +329,7 @@ def _pad_logprobs(samples: list[Sample], width: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- data parallel calls
 
 
-def update_plan(spec: Any, batch: Batch, step: int) -> list[tuple[torch.Tensor, float]]:
+def update_plan(spec: RunSpec, batch: Batch, step: int) -> list[tuple[torch.Tensor, float]]:
     """(rows, global loss denominator) of every optimizer step of this rollout batch.
 
     The order does not depend on the number of ranks: one mini-batch and one epoch keep the
@@ -356,7 +357,7 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "
                "old_logp", "ref_logp", "rollout_logp", "old_values")
 
 
-def scatter_update(group: Any, update: Any, batch: Batch, plan, spec) -> list:
+def scatter_update(group: Any, update: Any, batch: Batch, plan, spec: RunSpec) -> list:
     """``update`` (``PolicyWorker.update`` or ``CriticWorker.update``) on every rank: rank r gets
     its contiguous share of every optimizer step's rows, steps one after another."""
     W = group.world_size
@@ -392,7 +393,7 @@ def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- advantages + metrics
 
 
-def add_advantages(spec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
+def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
     """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
     mask = batch["response_mask"]
     ref = "ref_logp" in batch
@@ -414,7 +415,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return 1.0 - float(algos.masked_var(returns - values, mask)) / var_r
 
 
-def step_metrics(spec, samples: list[Sample], scores: torch.Tensor, parts: dict, mask: torch.Tensor,
+def step_metrics(spec: RunSpec, samples: list[Sample], scores: torch.Tensor, parts: dict, mask: torch.Tensor,
                  times: dict[str, float]) -> dict[str, float]:
     lengths = mask.sum(-1)
     m = {
@@ -438,7 +439,7 @@ def step_metrics(spec, samples: list[Sample], scores: torch.Tensor, parts: dict,
     return m
 
 
-def maybe_checkpoint(spec: Any, step: int, cluster: Any, data: Any, ckpt=None, kl_ctl=None, history=None,
+def maybe_checkpoint(spec: RunSpec, step: int, cluster: Any, data: Any, ckpt=None, kl_ctl=None, history=None,
                      run_dir: Optional[str] = None, console=None, force: bool = False) -> None:
     """Checkpoint hook: the full training state every ``checkpoint.every`` steps, at the end and
     when ``force`` (a stop on Ctrl-C / SIGTERM) (``rlhf.ckpt.training``), and the final HF export

@@ -36,6 +36,7 @@ from rlhf.data.prompts import read_rows
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.rollout.generate import generate
 from rlhf.rollout.prompts import score_samples, tokenize_prompts
+from rlhf.spec.runspec import RunSpec
 
 
 def source_name(name: str) -> str:
@@ -44,7 +45,7 @@ def source_name(name: str) -> str:
 
 
 class Evaluator:
-    def __init__(self, spec: Any, cluster: Any, tokenizer, rewards, console: Any = None):
+    def __init__(self, spec: RunSpec, cluster: Any, tokenizer, rewards, console: Any = None):
         self.spec, self.cluster, self.tokenizer, self.rewards = spec, cluster, tokenizer, rewards
         rows: list[dict] = []
         for f in spec.data.eval_files:
@@ -118,7 +119,7 @@ def _metrics(prefix: str, greedy: torch.Tensor, sampled: torch.Tensor, threshold
     }
 
 
-def make_evaluator(spec: Any, cluster: Any, tokenizer, rewards, console: Any = None) -> Optional[Evaluator]:
+def make_evaluator(spec: RunSpec, cluster: Any, tokenizer, rewards, console: Any = None) -> Optional[Evaluator]:
     if spec.eval.every <= 0 or not spec.data.eval_files:
         return None
     return Evaluator(spec, cluster, tokenizer, rewards, console)

@@ -21,12 +21,13 @@ import torch
 
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import RMObjective, SequenceScores
+from rlhf.spec.runspec import RunSpec
 
 
 prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver before the cluster starts
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
+def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     prepared = prepared or prepare(spec, console)
     pairs, eval_pairs = prepared.train, prepared.eval

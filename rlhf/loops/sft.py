@@ -18,9 +18,10 @@ from typing import Any, Optional
 from rlhf.data.sft import build_sft, collate, to_rows
 from rlhf.loops import supervised as sup
 from rlhf.loops.objectives import SFTObjective, SFTRowNLL
+from rlhf.spec.runspec import RunSpec
 
 
-def prepare(spec: Any, console: Any = None) -> sup.Prepared:
+def prepare(spec: RunSpec, console: Any = None) -> sup.Prepared:
     """Read and tokenise the train/eval sets (in the driver, before the cluster starts)."""
     prepared = sup.prepare_with(spec, console, build_sft, "sft")
     rows = to_rows(prepared.train, pack=spec.algo.packing, max_length=prepared.max_length)
@@ -28,7 +29,7 @@ def prepare(spec: Any, console: Any = None) -> sup.Prepared:
     return prepared
 
 
-def run(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str,
+def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     prepared = prepared or prepare(spec, console)
     tok, L = prepared.tokenizer, prepared.max_length

@@ -36,22 +36,23 @@ import torch
 
 from rlhf.data.files import Records, load_files, split_eval
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.train import PolicyWorker
 
 MB = dict[str, torch.Tensor]
 
 
-def max_length(spec: Any) -> int:
+def max_length(spec: RunSpec) -> int:
     return spec.data.max_length or (spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens)
 
 
-def tokenizer_for(spec: Any):
+def tokenizer_for(spec: RunSpec):
     from rlhf.models import load_tokenizer, model_dir
 
     return load_tokenizer(model_dir(spec))
 
 
-def load_splits(spec: Any) -> tuple[Records, Records]:
+def load_splits(spec: RunSpec) -> tuple[Records, Records]:
     """(train, eval) records: ``data.eval_files`` when given, else a held-out fraction."""
     d = spec.data
     train = load_files(list(d.train_files), list(d.weights) if d.weights else None, seed=spec.train.seed,
@@ -65,7 +66,7 @@ def load_splits(spec: Any) -> tuple[Records, Records]:
     return split_eval(train, spec.algo.eval_fraction, seed=spec.train.seed)
 
 
-def check_enough(n_units: int, spec: Any, unit: str) -> int:
+def check_enough(n_units: int, spec: RunSpec, unit: str) -> int:
     """Optimizer steps per epoch (UserError when the set is smaller than one step)."""
     per_step = spec.batch.mini_batch_size
     if n_units < per_step:
@@ -81,7 +82,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
-def step_shards(units: Sequence[int], spec: Any) -> list[list[list[int]]]:
+def step_shards(units: Sequence[int], spec: RunSpec) -> list[list[list[int]]]:
     """The unit indices of one optimizer step → per rank → per micro-batch."""
     W, m, acc = spec.batch.train_world_size, spec.batch.micro_batch_size, spec.batch.grad_accum
     per_rank = len(units) // W
@@ -144,7 +145,7 @@ def add_sums(dicts: list[dict[str, float]]) -> dict[str, float]:
 class Log:
     """metrics.jsonl, the tracker and the console of a supervised run."""
 
-    spec: Any
+    spec: RunSpec
     tracker: Any
     console: Any
     run_dir: str
@@ -173,7 +174,7 @@ class Log:
         self.file.close()
 
 
-def export_final(spec: Any, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
+def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
     from rlhf.ckpt.training import exporting
 
     final = Path(run_dir) / "final"
@@ -190,7 +191,7 @@ def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def total_steps(spec: Any, steps_per_epoch: int, console: Any = None) -> int:
+def total_steps(spec: RunSpec, steps_per_epoch: int, console: Any = None) -> int:
     n = steps_per_epoch * spec.algo.epochs
     if console is not None and hasattr(console, "set_total"):
         console.set_total(n)
@@ -219,7 +220,7 @@ class Prepared:
         return out
 
 
-def prepare_with(spec: Any, console: Any, build: Callable, what: str) -> Prepared:
+def prepare_with(spec: RunSpec, console: Any, build: Callable, what: str) -> Prepared:
     """Load train/eval records and tokenise them with ``build(records, tokenizer, data, L, what=)``."""
     tok = tokenizer_for(spec)
     L = max_length(spec)
@@ -243,7 +244,7 @@ def prepare_with(spec: Any, console: Any, build: Callable, what: str) -> Prepare
     return Prepared(tokenizer=tok, max_length=L, train=train, eval=evals, reports=[rep_tr, rep_ev])
 
 
-def prepare_pairs(spec: Any, console: Any = None) -> Prepared:
+def prepare_pairs(spec: RunSpec, console: Any = None) -> Prepared:
     """rm and dpo: read and tokenise the train/eval preference pairs (in the driver, before the
     cluster starts)."""
     from rlhf.data.preference import build_pairs
@@ -286,7 +287,7 @@ def keep_metrics_before(path: Path, start: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-def train_epochs(spec: Any, cluster: Any, tracker: Any, console: Any, run_dir: str, *, n_units: int,
+def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str, *, n_units: int,
                  steps_per_epoch: int, shards_of: Callable[[list[int]], list[list[MB]]], objective: Any,
                  step_metrics: Callable[[dict[str, float]], dict[str, float]],
                  evaluate: Callable[[], dict[str, float]]) -> tuple[dict[str, float], dict[str, float], int]:

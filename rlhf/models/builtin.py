@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from rlhf.paths import cache_dir
+from rlhf.spec.schema import ModelSpec
 from rlhf.storage import atomic_dir
 
 BUILTIN_MODELS = ("tiny",)
@@ -46,7 +47,7 @@ def build_tokenizer():
     return fast
 
 
-def _arch(model_spec) -> dict:
+def _arch(model_spec: ModelSpec) -> dict:
     from rlhf.data.builtin import VOCAB
 
     return {
@@ -62,7 +63,7 @@ def _arch(model_spec) -> dict:
     }
 
 
-def builtin_model_dir(name: str, model_spec) -> Path:
+def builtin_model_dir(name: str, model_spec: ModelSpec) -> Path:
     """The checkpoint dir of ``builtin:<name>`` for these architecture numbers (built if missing)."""
     from rlhf.spec.errors import UserError
 

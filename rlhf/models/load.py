@@ -15,10 +15,12 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlhf.hub import is_repo_id
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import ResolvedModel, RunSpec
+from rlhf.spec.schema import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +33,16 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_model_path(path: str, model_spec: Any = None, *, revision: Optional[str] = None,
+def resolve_model_path(path: str, model_spec: Optional[ModelSpec] = None, *, revision: Optional[str] = None,
                        what: str = "model.path", say: Optional[Callable[[str], None]] = None) -> str:
     """``builtin:<name>`` -> its generated dir; a local HF checkpoint dir (checked); else a Hugging
     Face Hub id -> its snapshot dir in the HF cache (downloaded if missing, rlhf.hub)."""
     return resolve_model(path, model_spec, revision=revision, what=what, say=say).path
 
 
-def resolve_model(path: str, model_spec: Any = None, *, revision: Optional[str] = None,
-                  what: str = "model.path", say: Optional[Callable[[str], None]] = None):
+def resolve_model(path: str, model_spec: Optional[ModelSpec] = None, *, revision: Optional[str] = None,
+                  what: str = "model.path", say: Optional[Callable[[str], None]] = None) -> ResolvedModel:
     """``resolve_model_path`` with where it came from: a ``ResolvedModel`` (path, hub repo, commit)."""
-    from rlhf.spec.build import ResolvedModel
-
     if path.startswith("builtin:"):
         from rlhf.models.builtin import builtin_model_dir
 
@@ -71,7 +71,7 @@ def _rev_key(what: str) -> str:
     return "reward.model_revision" if what == "reward.model_path" else "model.revision"
 
 
-def model_dir(spec: Any, role: str = "model") -> str:
+def model_dir(spec: RunSpec, role: str = "model") -> str:
     """The local checkpoint dir of ``model.path`` (role "model") or ``reward.model_path`` ("reward")
     in this process: the one the driver's preflight resolved (``spec.models``) when this node has
     it; a Hub snapshot this node lacks is fetched here at the driver's commit (once per node: the

@@ -10,9 +10,10 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlhf.spec.errors import UserError
+from rlhf.spec.schema import RewardSpec
 
 
 def load_function(ref: str) -> Callable:
@@ -78,7 +79,7 @@ class RewardFunction:
 class Rewards:
     """The configured reward functions; ``score`` returns the weighted total and each part."""
 
-    def __init__(self, reward_spec: Any):
+    def __init__(self, reward_spec: RewardSpec):
         self.timeout_s = reward_spec.timeout_s
         self.functions: list[RewardFunction] = []
         seen: dict[str, int] = {}

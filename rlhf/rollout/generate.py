@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rlhf.rollout.engine import Sample, Sampling
+from rlhf.spec.runspec import RunSpec
 
 
-def sampling_for(spec: Any, step: int, first_prompt: int, n_prompts: int) -> Sampling:
+def sampling_for(spec: RunSpec, step: int, first_prompt: int, n_prompts: int) -> Sampling:
     """The rollout settings of a step's prompts ``first_prompt ...``; each prompt's seed depends on
     the run seed, the step and its position, so a sample does not depend on where it is generated
     (``rollout.seeded``; unseeded, vLLM samples the whole batch at once)."""

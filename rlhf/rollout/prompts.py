@@ -10,10 +10,11 @@ import torch
 from rlhf.data.batch import collate, dp_forward
 from rlhf.data.prompts import render_prompt
 from rlhf.rollout.engine import Sample
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.train import RewardModelWorker
 
 
-def tokenize_prompts(spec: Any, tokenizer, rows: list[dict]) -> list[list[int]]:
+def tokenize_prompts(spec: RunSpec, tokenizer, rows: list[dict]) -> list[list[int]]:
     """Each row's prompt rendered (chat template or plain) and tokenised; an over-long prompt keeps
     its last ``rollout.max_prompt_tokens`` tokens."""
     out = []
@@ -25,7 +26,7 @@ def tokenize_prompts(spec: Any, tokenizer, rows: list[dict]) -> list[list[int]]:
     return out
 
 
-def score_samples(spec: Any, rows: list[dict], samples: list[Sample], tokenizer, rewards: Any, cluster: Any,
+def score_samples(spec: RunSpec, rows: list[dict], samples: list[Sample], tokenizer, rewards: Any, cluster: Any,
                   prompt_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
     """Scores ``[len(samples)]``: the weighted reward functions on the decoded texts (with the rows'
     other columns as metadata) plus ``reward.model_weight`` × the reward model; and each part."""

@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlhf.rollout.engine import Sample
+from rlhf.spec.runspec import RunSpec
 
 GiB = 1 << 30
 
@@ -371,7 +372,7 @@ def logprob_mismatch(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mas
 # --------------------------------------------------------------------------- factory
 
 
-def engine_config(spec: Any, model_path: str, **over: Any) -> EngineConfig:
+def engine_config(spec: RunSpec, model_path: str, **over: Any) -> EngineConfig:
     """The engine settings of a run spec."""
     r = spec.rollout
     cfg = EngineConfig(
@@ -395,7 +396,7 @@ def engine_config(spec: Any, model_path: str, **over: Any) -> EngineConfig:
 
 
 def create_vllm_engines(
-    spec: Any,
+    spec: RunSpec,
     model_path: str,
     *,
     placement_group: Any = None,

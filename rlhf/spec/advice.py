@@ -28,6 +28,7 @@ from rlhf.spec.memory import (
     over_limit,
     param_count,
 )
+from rlhf.spec.runspec import RunSpec
 
 LORA_RANK = 16  # what the plan suggests: a usual rank, alpha twice it
 MAX_DEVICES_PER_NODE = 8
@@ -36,7 +37,7 @@ MAX_DEVICES_PER_NODE = 8
 @dataclass
 class Suggestion:
     overrides: tuple[str, ...]
-    spec: Any  # the built spec with the overrides applied
+    spec: RunSpec  # the built spec with the overrides applied
     total: float  # the figure's GB with them (0 when the figure is gone)
     fits: bool  # that figure fits
 
@@ -74,7 +75,7 @@ def _hardware_options() -> dict[str, dict]:
     return {p.stem: yaml.safe_load(p.read_text()) for p in sorted((conf_dir() / "hardware").glob("*.yaml"))}
 
 
-def apply(spec: Any, overrides: Sequence[str]) -> Optional[Any]:
+def apply(spec: RunSpec, overrides: Sequence[str]) -> Optional[RunSpec]:
     """The spec rebuilt with ``overrides`` (KEY=VALUE, or hardware=<option>); None if it does not build."""
     import yaml
 
@@ -107,7 +108,7 @@ def _get_sections(sections: dict[str, Any], path: list[str]) -> Any:
     return obj
 
 
-def all_fit(spec: Any, est: Optional[Estimate] = None) -> bool:
+def all_fit(spec: RunSpec, est: Optional[Estimate] = None) -> bool:
     """Every GPU figure and the host figure fit (the plan's rule: rlhf.spec.memory.fits)."""
     return fits(spec, est)
 
@@ -119,7 +120,7 @@ def _figure(est: Estimate, name: str) -> float:
     return est.total(name) if name in est.figures else 0.0
 
 
-def _check(spec: Any, name: str, overrides: Sequence[str]) -> Optional[Suggestion]:
+def _check(spec: RunSpec, name: str, overrides: Sequence[str]) -> Optional[Suggestion]:
     """``overrides`` as a suggestion for figure ``name``: None unless it builds and helps."""
     new = apply(spec, overrides)
     if new is None:
@@ -132,7 +133,7 @@ def _check(spec: Any, name: str, overrides: Sequence[str]) -> Optional[Suggestio
     return Suggestion(tuple(overrides), new, total, ok)
 
 
-def _hardware(spec: Any, nodes: int, per_node: int) -> list[str]:
+def _hardware(spec: RunSpec, nodes: int, per_node: int) -> list[str]:
     """Overrides for ``nodes`` × ``per_node`` of the same GPUs: a shipped hardware option, else keys."""
     hw = spec.hardware
     for name, h in _hardware_options().items():
@@ -148,13 +149,13 @@ def _hardware(spec: Any, nodes: int, per_node: int) -> list[str]:
     return out
 
 
-def _more_devices(spec: Any, total: int) -> list[str]:
+def _more_devices(spec: RunSpec, total: int) -> list[str]:
     """Overrides for ``total`` GPUs of the same kind, filling nodes of up to 8 first."""
     per_node = min(total, max(spec.hardware.devices_per_node, MAX_DEVICES_PER_NODE))
     return _hardware(spec, math.ceil(total / per_node), per_node)
 
 
-def _candidates(spec: Any, est: Estimate, name: str) -> list[list[str]]:
+def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
     """The settings worth trying for figure ``name``, cheapest change first (unchecked)."""
     train, m, pl, hw = spec.train, spec.model, spec.placement, spec.hardware
     decided = {d.key for d in spec.auto}
@@ -216,7 +217,7 @@ def _candidates(spec: Any, est: Estimate, name: str) -> list[list[str]]:
     return [c for c in out if [o for o in c if not o.startswith("#")]]
 
 
-def suggestions(spec: Any, est: Estimate, name: str) -> list[Suggestion]:
+def suggestions(spec: RunSpec, est: Estimate, name: str) -> list[Suggestion]:
     """Checked settings for figure ``name``: each builds and makes the figure fit or smaller.
 
     Of a series (a smaller token budget, vLLM share or more devices) only the first that fits is
@@ -245,7 +246,7 @@ def suggestions(spec: Any, est: Estimate, name: str) -> list[Suggestion]:
     return out
 
 
-def setting_that_fits(spec: Any, rounds: int = 6) -> Optional[tuple[str, ...]]:
+def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[str, ...]]:
     """Overrides that make every figure fit, picked from ``suggestions`` one failing figure at a
     time (first one that makes the whole plan fit, else that figure, else the most saving); None
     when none is found."""

@@ -22,26 +22,14 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
-from typing import Any
 
-from rlhf.spec import schema as S
 from rlhf.spec.memory import FIT_MARGIN, HOST, TRAINING_FIGURES, Estimate, capacity, estimate
+from rlhf.spec.runspec import Decision, RunSpec
 
 AUTO = "auto"
 
 
-@dataclass
-class Decision(S.Frozen):
-    """A value the build chose: ``key`` (dotted config key) was ``given`` (auto / None) and is ``value``."""
-
-    key: str
-    given: Any
-    value: Any
-    why: str  # one short line for the plan; "" when there is nothing worth saying
-
-
-def _capacity(spec: Any) -> float:
+def _capacity(spec: RunSpec) -> float:
     return spec.hardware.device_memory_gb * FIT_MARGIN
 
 
@@ -56,7 +44,7 @@ def worst_training_figure(est: Estimate) -> tuple[str, float]:
     return name, totals[name]
 
 
-def resolve(spec: Any) -> tuple[Decision, ...]:
+def resolve(spec: RunSpec) -> tuple[Decision, ...]:
     """Replace every ``auto`` / null of the (unfrozen) spec by a value; return the decisions."""
     out = []
     train = spec.train
@@ -84,12 +72,12 @@ def resolve(spec: Any) -> tuple[Decision, ...]:
     return tuple(out)
 
 
-def chosen(spec: Any, key: str) -> bool:
+def chosen(spec: RunSpec, key: str) -> bool:
     """Whether the build decided ``key`` (it was auto / null in the config)."""
     return any(d.key == key for d in spec.auto)
 
 
-def _zero_and_offload(spec: Any) -> list[Decision]:
+def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     train = spec.train
     z_auto, off_auto = train.zero_stage == AUTO, train.offload_optimizer == AUTO
     if not (z_auto or off_auto):
@@ -156,7 +144,7 @@ def _zero_and_offload(spec: Any) -> list[Decision]:
     return out
 
 
-def _train_state(spec: Any) -> list[Decision]:
+def _train_state(spec: RunSpec) -> list[Decision]:
     pl = spec.placement
     if pl.offload_train_state != AUTO:
         return []

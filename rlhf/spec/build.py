@@ -6,76 +6,17 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlhf.spec import schema as S
-from rlhf.spec.auto import Decision, resolve
+from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
 from rlhf.spec.layout import Layout, disaggregated_counts, plan_layout  # noqa: F401  (also imported from here)
+from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
 from rlhf.spec.validate import estimator_info, validate
-
-ROLES = ("actor", "critic", "reference", "reward", "rollout")
-
-
-@dataclass
-class BatchPlan(S.Frozen):
-    """The batch math of one step, computed once (all counts are samples, not tokens)."""
-
-    prompts_per_step: int
-    group_size: int
-    samples_per_step: int
-    train_world_size: int  # data-parallel ranks of the actor
-    mini_batch_size: int  # samples per optimizer step, all ranks together
-    optimizer_steps_per_step: int  # per rollout batch, all epochs
-    micro_batch_size: int  # samples per forward/backward on one rank
-    grad_accum: int  # micro-batches per rank per optimizer step
-
-
-@dataclass
-class ResolvedModel(S.Frozen):
-    """Where a model of the run was found by the driver's preflight (``rlhf.models.resolve_model``)."""
-
-    path: str  # the local checkpoint dir (a Hub id's snapshot in the HF cache)
-    repo: Optional[str] = None  # the Hub repo, when it came from one
-    commit: Optional[str] = None  # ... and its commit: another node fetches exactly this one
-
-
-@dataclass
-class RunSpec(S.Frozen):
-    algo: Any
-    model: S.ModelSpec
-    hardware: S.HardwareSpec
-    placement: S.PlacementSpec
-    rollout: S.RolloutSpec
-    train: S.TrainSpec
-    data: S.DataSpec
-    reward: S.RewardSpec
-    tracking: S.TrackingSpec
-    checkpoint: S.CheckpointSpec
-    ray: S.RaySpec
-    eval: S.EvalSpec
-    env: S.EnvSpec
-    mode: str
-    output_dir: Optional[str]
-    resume: Optional[str]
-    roles: tuple[str, ...]  # the roles this run needs, in ROLES order
-    batch: BatchPlan
-    layout: Layout
-    rollout_engine: str  # resolved: hf | vllm
-    overrides: tuple[str, ...] = field(default_factory=tuple)  # the command line's overrides
-    changes: tuple[str, ...] = field(default_factory=tuple)  # what differs from the defaults (for the plan)
-    auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.spec.auto)
-    # "model" / "reward" -> where preflight found model.path / reward.model_path (``with_models``)
-    models: dict[str, ResolvedModel] = field(default_factory=dict)
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.hardware.accelerator == "cuda" else "cpu"
-
 
 # ----------------------------------------------------------------------------- typing
 
@@ -222,7 +163,7 @@ def _value_in(msg: str) -> str:
 # ----------------------------------------------------------------------------- derivation
 
 
-def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[str, ...]:
+def needed_roles(algo: S.AlgoSpec, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[str, ...]:
     roles = ["actor"]
     if algo.kind == "rl":
         est = estimator_info(algo)
@@ -238,7 +179,7 @@ def needed_roles(algo: Any, reward: S.RewardSpec, lora_rank: int = 0) -> tuple[s
     return tuple(r for r in ROLES if r in roles)
 
 
-def plan_batch(algo: Any, train: S.TrainSpec, world: int) -> BatchPlan:
+def plan_batch(algo: S.AlgoSpec, train: S.TrainSpec, world: int) -> BatchPlan:
     group = getattr(algo, "group_size", 1)
     samples = train.prompts_per_step * group
     mini = getattr(algo, "mini_batch_size", None) or samples
@@ -336,15 +277,15 @@ def freeze(obj: Any) -> Any:
     return obj
 
 
-def to_dict(spec: Any) -> Any:
-    """Plain python containers (for YAML, MLflow params and the run directory)."""
-    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
-        return {f.name: to_dict(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
-    if isinstance(spec, (list, tuple)):
-        return [to_dict(x) for x in spec]
-    if isinstance(spec, dict):
-        return {str(k): to_dict(v) for k, v in spec.items()}
-    return spec
+def to_dict(value: Any) -> Any:
+    """A spec, or any part of it, as plain python containers (for YAML, MLflow params and the run directory)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_dict(x) for x in value]
+    if isinstance(value, dict):
+        return {str(k): to_dict(v) for k, v in value.items()}
+    return value
 
 
 CONFIG_SECTIONS = tuple(f.name for f in dataclasses.fields(S.RunConfig))

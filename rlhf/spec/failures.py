@@ -6,7 +6,9 @@ it. The message names both and the settings that lower that phase's memory.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
+
+from rlhf.spec.runspec import RunSpec
 
 # the disaggregated figure of each phase that runs on a training role (generation: "rollout")
 ROLE_OF_PHASE = {"reference": "reference", "critic": "critic", "reward": "reward"}
@@ -29,7 +31,7 @@ def is_cuda_oom(e: BaseException) -> bool:
                for c in causes(e))
 
 
-def oom_message(spec: Any, phase: str) -> str:
+def oom_message(spec: RunSpec, phase: str) -> str:
     """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``: the settings are the
     plan's own checked suggestions (rlhf.spec.advice) that lower that phase's figure."""
     from rlhf.spec.advice import suggestions

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from rlhf.spec.runspec import RunSpec
 from rlhf.spec.schema import ModelSpec
 
 GB = 1e9
@@ -230,7 +230,7 @@ class Estimate:
         return {k: self.total(k) for k in self.figures}
 
 
-def capacity(spec: Any, name: str) -> float:
+def capacity(spec: RunSpec, name: str) -> float:
     """What figure ``name`` may use and still fit: FIT_MARGIN of a GPU, or HOST_FIT_MARGIN of a
     node's host memory."""
     if name == HOST:
@@ -238,7 +238,7 @@ def capacity(spec: Any, name: str) -> float:
     return spec.hardware.device_memory_gb * FIT_MARGIN
 
 
-def over_limit(spec: Any, est: Estimate) -> dict[str, float]:
+def over_limit(spec: RunSpec, est: Estimate) -> dict[str, float]:
     """The figures that do not fit, ``{name: GB}`` (GPU figures, then "host memory"); none on CPU."""
     if spec.hardware.accelerator != "cuda":
         return {}
@@ -248,12 +248,12 @@ def over_limit(spec: Any, est: Estimate) -> dict[str, float]:
     return out
 
 
-def fits(spec: Any, est: Estimate | None = None) -> bool:
+def fits(spec: RunSpec, est: Estimate | None = None) -> bool:
     """Every GPU figure within FIT_MARGIN of a GPU and the host figure within HOST_FIT_MARGIN."""
     return not over_limit(spec, est or estimate(spec))
 
 
-def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
+def _vllm_parts(spec: RunSpec, p_policy: int) -> dict[str, float]:
     """vLLM on one GPU: weights / TP, and its KV cache + activations filling the rest of its share."""
     hw, m = spec.hardware, spec.model
     weights = DTYPE_BYTES[m.dtype] * p_policy / spec.layout.rollout_tp / GB
@@ -261,7 +261,7 @@ def _vllm_parts(spec: Any, p_policy: int) -> dict[str, float]:
     return {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
 
 
-def estimate(spec: Any) -> Estimate:
+def estimate(spec: RunSpec) -> Estimate:
     """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated), and
     the host memory of the busiest node (GPU runs with ``hardware.host_memory_gb``)."""
     m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
@@ -348,7 +348,7 @@ def _per_node(devices: tuple[int, ...], per_node: int) -> dict[int, int]:
     return out
 
 
-def host_gb(spec: Any) -> dict[str, float]:
+def host_gb(spec: RunSpec) -> dict[str, float]:
     """Host memory of the busiest node, by part (GB):
 
     * ``runtime``: HOST_PROCESS_GB per GPU worker process (one per role per GPU it spans),
@@ -413,7 +413,7 @@ def host_gb(spec: Any) -> dict[str, float]:
 # ----------------------------------------------------------------------------- advice
 
 
-def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None = None) -> int:
+def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | None = None) -> int:
     """About how many GPUs of this size a training figure (hybrid "training phase", or the actor,
     critic, reference or reward role) needs at ZeRO-3, where all model states and the optimizer
     step's buffers shard over the GPUs and activations, runtime and a sleeping engine do not. 0:
@@ -442,7 +442,7 @@ def min_gpus(spec: Any, est: Estimate, name: str, offload_optimizer: bool | None
     return math.ceil(sharded / GB / room) if room > 0 else 0
 
 
-def min_tensor_parallel(spec: Any) -> int:
+def min_tensor_parallel(spec: RunSpec) -> int:
     """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
     share for the KV cache; 0 if none does."""
     from rlhf.spec.validate import tp_splits_heads

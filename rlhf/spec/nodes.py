@@ -7,10 +7,10 @@ lost node is reported with the ranks it held (``rlhf.run``).
 
 from __future__ import annotations
 
-from typing import Any
+from rlhf.spec.runspec import RunSpec
 
 
-def rank_devices(spec: Any) -> dict[str, tuple[int, ...]]:
+def rank_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
     """role -> the device of each rank (rollout: the first device of each engine)."""
     out = {r: tuple(spec.layout.roles[r]) for r in spec.roles if r != "rollout"}
     if "rollout" in spec.roles:
@@ -18,11 +18,11 @@ def rank_devices(spec: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def node_of(spec: Any, device: int) -> int:
+def node_of(spec: RunSpec, device: int) -> int:
     return device // spec.hardware.devices_per_node
 
 
-def node_ranks(spec: Any) -> list[dict[str, tuple[int, ...]]]:
+def node_ranks(spec: RunSpec) -> list[dict[str, tuple[int, ...]]]:
     """For each node: role -> the ranks of that role on it (rollout: engine indices), in role order."""
     out: list[dict[str, tuple[int, ...]]] = [{} for _ in range(spec.hardware.nodes)]
     for role, devs in rank_devices(spec).items():

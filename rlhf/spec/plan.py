@@ -25,6 +25,7 @@ from rlhf.spec.memory import (
     min_gpus,
     param_count,
 )
+from rlhf.spec.runspec import RunSpec
 
 
 def _ranges(devs: tuple[int, ...]) -> str:
@@ -40,13 +41,13 @@ def _parts(parts: dict[str, float]) -> str:
     return " + ".join(shown) or "0"
 
 
-def fits(spec: Any, est: Estimate) -> bool:
+def fits(spec: RunSpec, est: Estimate) -> bool:
     """Every GPU figure and the host figure fit (rlhf.spec.memory.over_limit: the rule that the
     build's ``auto`` choices and the advice use too)."""
     return memory.fits(spec, est)
 
 
-def _advice(spec: Any, est: Estimate, name: str) -> str:
+def _advice(spec: RunSpec, est: Estimate, name: str) -> str:
     """What to change when the figure ``name`` does not fit: settings checked by building them
     (rlhf.spec.advice), each with the figure it gives."""
     tips = []
@@ -64,7 +65,7 @@ def _advice(spec: Any, est: Estimate, name: str) -> str:
     return "Use more GPUs or a smaller model."
 
 
-def warnings(spec: Any, est: Estimate) -> list[str]:
+def warnings(spec: RunSpec, est: Estimate) -> list[str]:
     out = []
     hw, lay = spec.hardware, spec.layout
     if hw.accelerator == "cuda":
@@ -114,7 +115,7 @@ def warnings(spec: Any, est: Estimate) -> list[str]:
     return out
 
 
-def _decisions(spec: Any) -> list[str]:
+def _decisions(spec: RunSpec) -> list[str]:
     """One line per value the build chose (rlhf.spec.auto), with its reason."""
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
@@ -126,7 +127,7 @@ def _decisions(spec: Any) -> list[str]:
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
 
-def render_plan(spec: Any) -> str:
+def render_plan(spec: RunSpec) -> str:
     a, b, hw, lay = spec.algo, spec.batch, spec.hardware, spec.layout
     gpu = hw.accelerator == "cuda"
     lines = [
@@ -228,7 +229,7 @@ def render_plan(spec: Any) -> str:
     return "\n".join(lines)
 
 
-def _node_lines(spec: Any) -> list[str]:
+def _node_lines(spec: RunSpec) -> list[str]:
     """The per-node map: which ranks of each role each node holds (as the launcher reserves them)."""
     from rlhf.spec.nodes import node_ranks
 
@@ -248,7 +249,7 @@ def _node_lines(spec: Any) -> list[str]:
     return out
 
 
-def _hub_lines(spec: Any) -> list[str]:
+def _hub_lines(spec: RunSpec) -> list[str]:
     """Where Hub ids of the run come from: the HF cache (at which commit), or a download at start."""
     import os
 

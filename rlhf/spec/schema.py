@@ -11,7 +11,7 @@ A field exists only where code reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from omegaconf import MISSING
 
@@ -162,59 +162,60 @@ class RLAlgo(Frozen):
 
 
 @dataclass
-class DPOAlgo(Frozen):
+class OfflineAlgo(Frozen):
+    """What the trainers on a fixed data set (dpo, rm, sft) share: the optimizer and the passes over the
+    data. Each subclass sets its name and kind (and may change a default or help text); its own fields
+    follow these."""
+
+    name: str = doc(MISSING, "The algorithm's name (the algo group option).")
+    kind: str = doc(MISSING, "Which trainer runs: dpo | rm | sft; fixed per schema.")
+    lr: float = _lr(1e-5)
+    weight_decay: float = _weight_decay()
+    warmup_steps: int = _warmup_steps()
+    max_grad_norm: float = _max_grad_norm()
+    epochs: int = doc(1, "Passes over the training pairs.")
+    eval_fraction: float = _eval_fraction("pairs")
+    packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
+
+
+@dataclass
+class DPOAlgo(OfflineAlgo):
     """Direct preference optimization (Rafailov et al. 2023) on chosen/rejected pairs."""
 
     name: str = doc("dpo", "The algorithm's name (the algo group option).")
     kind: str = doc("dpo", "Which trainer runs: dpo; fixed per schema.")
+    lr: float = _lr(5e-7)
     beta: float = doc(0.1, "Inverse temperature of the implicit reward beta*log(pi/pi_ref): larger stays "
                       "closer to the reference model.")
     loss_type: str = doc("sigmoid", "sigmoid (DPO's logistic loss), ipo (squared loss towards 1/(2 beta), "
                          "Azar et al. 2023) or hinge (SLiC-HF, Zhao et al. 2023).")
     label_smoothing: float = doc(0.0, "Assumed share of flipped preference labels (cDPO); 0 = trust the labels.")
     reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its start.")
-    lr: float = _lr(5e-7)
-    weight_decay: float = _weight_decay()
-    warmup_steps: int = _warmup_steps()
-    max_grad_norm: float = _max_grad_norm()
-    epochs: int = doc(1, "Passes over the training pairs.")
-    eval_fraction: float = _eval_fraction("pairs")
-    packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
 @dataclass
-class RMAlgo(Frozen):
+class RMAlgo(OfflineAlgo):
     """A reward model (scalar head) trained on chosen/rejected pairs with the Bradley-Terry loss."""
 
     name: str = doc("rm", "The algorithm's name (the algo group option).")
     kind: str = doc("rm", "Which trainer runs: rm; fixed per schema.")
     margin: Optional[float] = doc(None, "Required score margin between chosen and rejected (Llama 2's margin "
                                   "loss); None = plain Bradley-Terry.")
-    lr: float = _lr(1e-5)
-    weight_decay: float = _weight_decay()
-    warmup_steps: int = _warmup_steps()
-    max_grad_norm: float = _max_grad_norm()
-    epochs: int = doc(1, "Passes over the training pairs.")
-    eval_fraction: float = _eval_fraction("pairs")
-    packing: bool = doc(False, "Pack chosen/rejected sequences of a micro-batch into shared rows (less padding).")
 
 
 @dataclass
-class SFTAlgo(Frozen):
+class SFTAlgo(OfflineAlgo):
     """Supervised fine-tuning: cross-entropy on the response tokens."""
 
     name: str = doc("sft", "The algorithm's name (the algo group option).")
     kind: str = doc("sft", "Which trainer runs: sft; fixed per schema.")
-    lr: float = _lr(1e-5)
-    weight_decay: float = _weight_decay()
-    warmup_steps: int = _warmup_steps()
-    max_grad_norm: float = _max_grad_norm()
     epochs: int = doc(1, "Passes over the training examples.")
     eval_fraction: float = _eval_fraction("examples")
     packing: bool = doc(False, "Pack several examples of a micro-batch into shared rows (less padding).")
 
 
 ALGO_SCHEMAS = {"rl": RLAlgo, "dpo": DPOAlgo, "rm": RMAlgo, "sft": SFTAlgo}
+AlgoSpec = Union[RLAlgo, DPOAlgo, RMAlgo, SFTAlgo]  # the algo section of a built spec
 
 
 # --------------------------------------------------------------------------- model

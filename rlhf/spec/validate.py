@@ -16,6 +16,7 @@ from rlhf.algos.registry import (
     Registry,
     plugin_problem,
 )
+from rlhf.spec.schema import RLAlgo
 
 KL_PLACEMENTS = ("loss", "reward")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
@@ -33,7 +34,7 @@ def _part(problems: list[str], registry: Registry, name: str) -> None:
         problems.append(registry.unknown(name))
 
 
-def estimator_info(algo: Any) -> Optional[EstimatorInfo]:
+def estimator_info(algo: RLAlgo) -> Optional[EstimatorInfo]:
     """The metadata of ``algo.estimator`` (after importing ``algo.plugins``), None if it is not
     registered or a plugin does not import (validation says so)."""
     for module in algo.plugins:

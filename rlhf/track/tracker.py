@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rlhf.spec.runspec import RunSpec
+
 
 def output_root(run_dir: str) -> Path:
     p = Path(run_dir).resolve()
@@ -71,7 +73,7 @@ def redact(params: dict[str, Any]) -> dict[str, Any]:
                 redact_url(v) if isinstance(v, str) else v) for k, v in params.items()}
 
 
-def _params(spec: Any) -> dict[str, str]:
+def _params(spec: RunSpec) -> dict[str, str]:
     from rlhf.spec.build import config_dict, flatten, to_dict
 
     params = flatten(config_dict(spec))
@@ -126,7 +128,7 @@ class Retrying:
 class Tracker:
     """MLflow run of one training run (``tracking.backend=none``: a no-op)."""
 
-    def __init__(self, spec: Any, run_dir: str, artifacts: tuple[str, ...] = (), open_run: bool = True):
+    def __init__(self, spec: RunSpec, run_dir: str, artifacts: tuple[str, ...] = (), open_run: bool = True):
         self.spec = spec
         self.enabled = spec.tracking.backend == "mlflow"
         self.run_id: Optional[str] = None
@@ -184,7 +186,7 @@ class Tracker:
         self.client.log_text(self.run_id, str(spec.model.path) + "\n", "model_path.txt")
 
     @classmethod
-    def experiment_only(cls, spec: Any, run_dir: str) -> "Tracker":
+    def experiment_only(cls, spec: RunSpec, run_dir: str) -> "Tracker":
         """The client and experiment of ``spec.tracking``, without a run of its own."""
         return cls(spec, run_dir, open_run=False)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+
+from rlhf.spec.runspec import RunSpec
 
 
 def free_port() -> int:
@@ -58,7 +59,7 @@ def skip_unused_imports() -> None:
 class Worker:
     """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
 
-    def __init__(self, spec: Any, role: str, rank: int, world_size: int):
+    def __init__(self, spec: RunSpec, role: str, rank: int, world_size: int):
         skip_unused_imports()
         self.spec = spec
         self.role = role

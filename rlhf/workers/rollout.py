@@ -9,7 +9,7 @@ from rlhf.rollout.engine import RolloutEngine, Sample, Sampling
 from rlhf.workers.base import Worker
 
 if TYPE_CHECKING:
-    from rlhf.spec.build import RunSpec
+    from rlhf.spec.runspec import RunSpec
 
 
 def make_engine(spec: RunSpec, model, tokenizer, device: str = "cpu") -> RolloutEngine:

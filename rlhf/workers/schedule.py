@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
 from rlhf.workers.train import PolicyWorker, TrainedWorker
@@ -27,7 +28,7 @@ class Schedule:
     """Moves the run's models between the generate and train phases; ``weights`` sends the
     trained policy to the rollout engines (``send() -> metrics``). Both phases return metrics."""
 
-    def __init__(self, spec: Any, cluster: Any, weights: Any, sleep_level: int = 2) -> None:
+    def __init__(self, spec: RunSpec, cluster: Any, weights: Any, sleep_level: int = 2) -> None:
         hybrid = spec.device == "cuda" and spec.rollout_engine == "vllm" and spec.layout.mode == "hybrid"
         self.weights = weights
         self.rollout = cluster.rollout
@@ -66,7 +67,7 @@ class Schedule:
         return out
 
 
-def make_schedule(spec: Any, cluster: Any) -> Schedule:
+def make_schedule(spec: RunSpec, cluster: Any) -> Schedule:
     """The run's schedule; its weight transport is set up first (the GPU senders need the
     engines' handles before any state moves)."""
     return Schedule(spec, cluster, make_transport(spec, cluster))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.train import PolicyWorker
 
@@ -37,7 +38,7 @@ class ObjectStoreTransport:
         return {}
 
 
-def make_transport(spec: Any, cluster: Any) -> Any:
+def make_transport(spec: RunSpec, cluster: Any) -> Any:
     """The weight transport for the run's device, rollout engine and placement."""
     if spec.device == "cuda" and spec.rollout_engine == "vllm":
         return CudaTransport(cluster)  # CUDA IPC (hybrid) / NCCL (disaggregated)

@@ -42,7 +42,7 @@ from rlhf.workers.buckets import (
 from rlhf.workers.rollout import RolloutWorker
 
 if TYPE_CHECKING:
-    from rlhf.spec.build import RunSpec
+    from rlhf.spec.runspec import RunSpec
 
 
 def _dist():

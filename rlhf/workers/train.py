@@ -17,7 +17,6 @@ position that predicts it (the state before the action), like the policy's logit
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
@@ -28,7 +27,7 @@ from rlhf.workers.base import Worker
 from rlhf.workers.sync_cuda import TrainStates, WeightSource, sender_for
 
 if TYPE_CHECKING:
-    from rlhf.spec.build import RunSpec
+    from rlhf.spec.runspec import RunSpec
     from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender
 
 Stats = dict[str, tuple[float, float]]

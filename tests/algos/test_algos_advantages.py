@@ -1,5 +1,6 @@
 """Advantage estimators vs. independent float64 plain-Python references."""
 
+import functools
 import math
 import statistics
 
@@ -21,6 +22,8 @@ from rlhf.algos.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
+
+from tests import helpers
 
 D = torch.float64
 
@@ -139,8 +142,7 @@ def to_t(x):
     return torch.tensor(x, dtype=D)
 
 
-def close(a, b, atol=1e-9, rtol=1e-9):
-    torch.testing.assert_close(a if isinstance(a, torch.Tensor) else to_t(a), b if isinstance(b, torch.Tensor) else to_t(b), atol=atol, rtol=rtol)
+close = functools.partial(helpers.close, atol=1e-9, rtol=1e-9)
 
 
 # ----------------------------------------------------------------------------- masked stats

@@ -2,6 +2,7 @@
 simulated data parallel with gradient averaging, for every mode."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -16,14 +17,12 @@ from rlhf.algos.losses import (
     value_loss,
 )
 
+from tests import helpers
+
 D = torch.float64
 B, T, DIM, V = 11, 16, 6, 9
 
-
-def close(a, b, atol=1e-12, rtol=1e-10):
-    a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=D)
-    b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=D)
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+close = functools.partial(helpers.close, atol=1e-12, rtol=1e-10)
 
 
 def make_batch(seed=0):

@@ -10,13 +10,9 @@ from rlhf.algos.filters import dynamic_sampling_filter
 from rlhf.algos.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from rlhf.algos.shaping import last_policy_token_index, normalize_scores, overlong_penalty, token_level_rewards
 
+from tests.helpers import close
+
 D = torch.float64
-
-
-def close(a, b, atol=1e-10, rtol=1e-10):
-    a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=D)
-    b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=D)
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
 def mask_with_holes(B, T):

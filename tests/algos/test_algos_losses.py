@@ -8,13 +8,9 @@ import torch
 import rlhf.algos.losses as losses_mod
 from rlhf.algos.losses import entropy_from_logits, policy_loss, token_logprobs, value_loss
 
+from tests.helpers import close
+
 D = torch.float64
-
-
-def close(a, b, atol=1e-10, rtol=1e-10):
-    a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=D)
-    b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=D)
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
 def make_mask(B, T):

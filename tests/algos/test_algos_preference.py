@@ -7,13 +7,9 @@ import torch
 
 from rlhf.algos.preference import bradley_terry_loss, dpo_loss, sft_loss
 
+from tests.helpers import close
+
 D = torch.float64
-
-
-def close(a, b, atol=1e-10, rtol=1e-10):
-    a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=D)
-    b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=D)
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
 def log_sigmoid(x):

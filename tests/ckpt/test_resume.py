@@ -4,7 +4,6 @@ uninterrupted run of the same config: equal within 1e-6 (timing metrics excluded
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import read_metrics, run_rl
 
 STEPS, EVERY, KILL_AFTER = 4, 2, 2  # checkpoint after steps 2 and 4; kill once step index 2 is logged
 TOY = ["algo=grpo", f"train.steps={STEPS}", f"checkpoint.every={EVERY}", "train.prompts_per_step=16",
@@ -33,11 +34,6 @@ def _start(args: list[str], cache: Path, log: Path) -> subprocess.Popen:
                             cwd=str(Path(__file__).resolve().parents[2]))
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    p = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -49,7 +45,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 @pytest.mark.timeout(900)
 def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
     from rlhf.ckpt import find_latest
-    from tests.rl.conftest import run_rl
 
     cache = tmp_path / "cache"
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -58,7 +53,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
         deadline = time.time() + 600
         while time.time() < deadline:
             latest = find_latest(killed)
-            if latest is not None and latest.step == KILL_AFTER and any(r["step"] >= KILL_AFTER for r in _rows(killed)):
+            if latest is not None and latest.step == KILL_AFTER and any(r["step"] >= KILL_AFTER for r in read_metrics(killed)):
                 break
             assert b.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
             time.sleep(0.1)
@@ -66,7 +61,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
             pytest.fail("no checkpoint in time: " + (tmp_path / "killed.log").read_text()[-3000:])
         assert b.poll() is None  # still running: killed mid-run, after step KILL_AFTER + 1 was logged
         _kill_group(b)
-        assert any(r["step"] == KILL_AFTER for r in _rows(killed))  # a step past the checkpoint was lost
+        assert any(r["step"] == KILL_AFTER for r in read_metrics(killed))  # a step past the checkpoint was lost
     finally:
         if b.poll() is None:
             _kill_group(b)
@@ -84,7 +79,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
     log = (tmp_path / "resume.log").read_text()
     assert f"resumed from {killed / 'checkpoints' / 'step_00000002'} at step 3" in log
 
-    ref, got = _rows(full), _rows(killed)
+    ref, got = read_metrics(full), read_metrics(killed)
     assert [r["step"] for r in ref] == list(range(STEPS)) and [r["step"] for r in got] == list(range(STEPS))
     compared = 0
     for x, y in zip(ref, got):

@@ -21,8 +21,7 @@ import pytest
 
 from rlhf.spec.errors import UserError
 from tests.hub.hubserver import HubServer, Repo, write_cache
-from tests.reliability.conftest import assert_clear
-from tests.rl.conftest import make_spec, rl_env, run_rl  # noqa: F401  (rl_env: the session's Ray)
+from tests.helpers import assert_clear, make_spec, run_rl
 
 MODEL, DATA = "rlhf-test/tiny", "rlhf-test/keymap"
 TOKEN = "hf_test_secret_token_0123456789"
@@ -51,11 +50,9 @@ def _parquet(rows: list[dict]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def repos(tmp_path_factory):
+def repos(rlhf_cache, tmp_path_factory):
     """The built-in tiny model's files as a model repo (plus files a download must skip), and the
     built-in task's prompts as a data set repo with two configs."""
-    old = os.environ.get("RLHF_CACHE")
-    os.environ["RLHF_CACHE"] = old or str(tmp_path_factory.mktemp("rlhf_cache"))
     from rlhf.data.builtin import data_file
     from rlhf.models.builtin import builtin_model_dir
 
@@ -68,9 +65,7 @@ def repos(tmp_path_factory):
     data = {"README.md": CARD.encode(), "keymap/train-00000-of-00001.parquet": _parquet(rows["train"]),
             "keymap/eval-00000-of-00001.parquet": _parquet(rows["eval"]),
             "other/all.parquet": _parquet([{"question": "x", "answer": "y"}])}
-    yield {"model": model, "extra": extra, "data": data, "rows": rows}
-    if old is None:
-        os.environ.pop("RLHF_CACHE", None)
+    return {"model": model, "extra": extra, "data": data, "rows": rows}
 
 
 @pytest.fixture
@@ -98,7 +93,7 @@ def _hub(repos, **model_kw):
 # ----------------------------------------------------------------------------- the cache, offline, end to end
 
 
-def test_offline_cache_runs_ppo_end_to_end(rl_env, repos, hf_env, tmp_path, monkeypatch, capfd):  # noqa: F811
+def test_offline_cache_runs_ppo_end_to_end(rl_env, repos, hf_env, tmp_path, monkeypatch, capfd):
     """Model, critic init, reward model and prompts by Hub id, from a cache written by hand."""
     model = Repo(repos["model"])
     snap = write_cache(hf_env / "hub", "model", MODEL, model)

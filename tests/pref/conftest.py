@@ -1,4 +1,4 @@
-"""Fixtures of the preference/SFT tests: a private cache dir and small tokenizers."""
+"""Fixtures of the preference/SFT tests: the session's cache for all of them, and small tokenizers."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory):
-    old = os.environ.get("RLHF_CACHE")
-    os.environ["RLHF_CACHE"] = os.environ.get("RLHF_TEST_CACHE") or str(tmp_path_factory.mktemp("rlhf_cache"))
+def _private_cache(rlhf_cache):
+    """Every test here on the session's cache (tests/conftest.py), the Hub's data sets offline."""
     os.environ["HF_DATASETS_OFFLINE"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("RLHF_CACHE", None)
-    else:
-        os.environ["RLHF_CACHE"] = old
 
 
 @pytest.fixture(scope="session")

@@ -63,22 +63,21 @@ def test_builtin_task_file():
         files.load_file("builtin:keymap-nope/train")
 
 
-def test_errors_name_file_row_and_fix(tmp_path):
-    with pytest.raises(UserError, match=r"does not exist.*data.train_files"):
-        files.load_file(str(tmp_path / "nope.jsonl"))
-    (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(UserError, match=r"empty.jsonl is empty"):
-        files.load_file(str(tmp_path / "empty.jsonl"))
-    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
-    with pytest.raises(UserError, match=r"bad.jsonl, line 2: not valid JSON"):
-        files.load_file(str(tmp_path / "bad.jsonl"))
-    (tmp_path / "x.txt").write_text("hi")
-    with pytest.raises(UserError, match=r"unknown format"):
-        files.load_file(str(tmp_path / "x.txt"))
-    (tmp_path / "notobj.jsonl").write_text('{"a": 1}\n[1, 2]\n')
-    with pytest.raises(UserError, match=r"notobj.jsonl, row 1: expected an object"):
-        files.load_file(str(tmp_path / "notobj.jsonl"))
+@pytest.mark.parametrize("name,content,match", [
+    ("nope.jsonl", None, r"does not exist.*data.train_files"),
+    ("empty.jsonl", "\n", r"empty.jsonl is empty"),
+    ("bad.jsonl", '{"prompt": "a"}\n{"prompt": \n', r"bad.jsonl, line 2: not valid JSON"),
+    ("x.txt", "hi", r"unknown format"),
+    ("notobj.jsonl", '{"a": 1}\n[1, 2]\n', r"notobj.jsonl, row 1: expected an object"),
+])
+def test_bad_files_name_file_line_and_fix(tmp_path, name, content, match):
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    with pytest.raises(UserError, match=match):
+        files.load_file(str(tmp_path / name))
 
+
+def test_errors_name_file_row_and_fix(tmp_path):
     p = tmp_path / "prefs.jsonl"
     p.write_text('{"prompt": "a", "better": "b", "worse": "c"}\n')
     rec = files.load_file(str(p))

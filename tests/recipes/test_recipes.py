@@ -11,7 +11,9 @@ costs a cluster start of its own:
     grpo_tiny_optuna              tests/cli/test_cli_hydra.py (an Optuna search of 4 trials, in MLflow)
 
 The test here (no Ray, about a second) finds the CPU recipes by composing every recipe and fails
-when one has no run in that table, or the named test no longer runs it.
+when one has no run in that table, or the named test no longer runs it. Another composes every
+recipe with and without its own keys: a recipe holds only what differs from the defaults that its
+defaults list gives (model_defaults/<model>.yaml included, since it follows the model choice).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from omegaconf import OmegaConf
+
 from rlhf import cli
+from rlhf.paths import recipes_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {  # CPU recipe -> (test file, test function or fixture that runs it with recipe=<name>)
@@ -64,3 +69,31 @@ def test_the_named_test_runs_the_recipe(recipe):
     stem, _, stage = recipe.rpartition("_")
     assert f"recipe={recipe}" in text or (f"recipe={stem}_" in text and f"{stage}" in text.split()), \
         (path, name, recipe)
+
+
+def _leaves(node: dict, path: tuple = ()):
+    """The key paths of a recipe's body (lists are values; keys may hold dots, e.g. sweeper params)."""
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, path + (k,))
+        else:
+            yield path + (k,)
+
+
+def _at(cfg: dict, path: tuple):
+    for k in path:
+        if not isinstance(cfg, dict) or k not in cfg:
+            return KeyError  # absent: differs from any value the recipe sets
+        cfg = cfg[k]
+    return cfg
+
+
+@pytest.mark.parametrize("recipe", cli.group_options("recipe"))
+def test_a_recipe_sets_only_what_differs_from_its_defaults(recipe):
+    body = OmegaConf.to_container(OmegaConf.load(recipes_dir() / f"{recipe}.yaml"))
+    # the recipe's own group choices (override /algo: dpo -> algo=dpo), without its keys
+    groups = [f"{k.replace('override', '').strip().strip('/')}={v}" for d in body.pop("defaults", []) for k, v in d.items()]
+    plain = OmegaConf.to_container(cli.compose(groups), resolve=False)
+    full = OmegaConf.to_container(cli.compose([f"recipe={recipe}"]), resolve=False)
+    same = [".".join(p) + f"={_at(full, p)!r}" for p in _leaves(body) if _at(full, p) == _at(plain, p)]
+    assert not same, f"recipes/{recipe}.yaml sets keys to the value its defaults give already; remove: {same}"

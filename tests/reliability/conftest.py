@@ -1,27 +1,18 @@
 """Shared pieces of the reliability tests: a real RunSpec built once (no Ray), specs that differ in
-a few keys, and the check that a message is one line naming the value and the fix."""
+a few keys, and the processes a run left behind."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def rel_cache(tmp_path_factory):
-    """RLHF_CACHE for the session (builtin:tiny and the built-in data are built once, here)."""
-    old = os.environ.get("RLHF_CACHE")
-    path = os.environ["RLHF_CACHE"] = old or str(tmp_path_factory.mktemp("rlhf_cache"))
-    yield path
-    if old is None:
-        os.environ.pop("RLHF_CACHE", None)
-
-
-@pytest.fixture(scope="session")
-def base_spec(rel_cache, tmp_path_factory):
+def base_spec(rlhf_cache, tmp_path_factory):
     from rlhf.cli import build_spec, compose
 
     out = tmp_path_factory.mktemp("base") / "run"
@@ -53,22 +44,9 @@ def variant(spec, **sections):
     return top
 
 
-def assert_clear(message: str, *parts: str) -> None:
-    """One line that contains every part (the value and the fix)."""
-    assert "\n" not in message.strip(), message
-    assert "Traceback" not in message, message
-    for p in parts:
-        assert p in message, (p, message)
-
-
-from tests.rl.conftest import rl_env  # noqa: E402,F401  (one local Ray for the fault tests)
-
-
 def marked_pids(marker: str) -> list[int]:
     """Processes (other than this one) whose environment holds ``marker`` (e.g. ``RLHF_TEST_MARK=x``):
     what a run started, found again after it ended or was killed."""
-    from pathlib import Path
-
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():

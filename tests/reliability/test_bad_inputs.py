@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlhf.spec.errors import UserError
-from tests.reliability.conftest import assert_clear, variant
+from tests.helpers import assert_clear
+from tests.reliability.conftest import variant
 
 # ----------------------------------------------------------------------------- data files
 

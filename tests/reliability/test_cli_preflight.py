@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.conftest import assert_clear
+from tests.helpers import assert_clear
 
 
 def _ray_state():
@@ -14,7 +14,7 @@ def _ray_state():
 
     if not ray.is_initialized():
         return None
-    from tests.rl.conftest import snapshot
+    from tests.helpers import snapshot
 
     return snapshot()
 
@@ -30,7 +30,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,args,parts", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_stops_before_ray(rel_cache, tmp_path, capsys, name, args, parts):
+def test_bad_input_stops_before_ray(rlhf_cache, tmp_path, capsys, name, args, parts):
     import ray
 
     from rlhf import cli
@@ -50,6 +50,6 @@ def test_bad_input_stops_before_ray(rel_cache, tmp_path, capsys, name, args, par
     assert_clear(lines[0], *parts)
     assert ray.is_initialized() == was_up  # the run did not start (or stop) Ray
     if before is not None:
-        from tests.rl.conftest import leftovers
+        from tests.helpers import leftovers
 
         assert leftovers(*before) == ([], [])

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import assert_clear
-from tests.rl.conftest import leftovers, run_rl, snapshot
+from tests.helpers import assert_clear, leftovers, run_rl, snapshot
 
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
        "rollout.max_response_tokens=1", "tracking.backend=none", "checkpoint.every=1", "checkpoint.save_hf=false"]

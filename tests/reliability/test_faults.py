@@ -28,7 +28,7 @@ import pytest
 
 from tests.reliability.conftest import marked_pids
 
-from tests.rl.conftest import leftovers, run_rl, snapshot
+from tests.helpers import leftovers, run_rl, snapshot
 
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
        "rollout.max_response_tokens=1", "tracking.backend=none", "checkpoint.every=1", "checkpoint.save_hf=false"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import assert_clear
+from tests.helpers import assert_clear
 
 REPO = str(Path(__file__).resolve().parents[2])
 

@@ -32,7 +32,7 @@ def test_no_code_path_instantiates_config_targets():
     assert hits == []
 
 
-def test_a_target_key_in_the_config_is_rejected_and_never_instantiated(rel_cache, monkeypatch, capsys):
+def test_a_target_key_in_the_config_is_rejected_and_never_instantiated(rlhf_cache, monkeypatch, capsys):
     import hydra.utils
 
     from rlhf import cli

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import assert_clear, marked_pids
+from tests.helpers import assert_clear, read_metrics
+from tests.reliability.conftest import marked_pids
 
 STEPS = 3
 TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micro_batch_size=8",
@@ -49,10 +50,6 @@ def _wait(cond, timeout: float, what: str, procs=()) -> None:
             assert p.poll() is None, f"{what}: a run ended early ({p.args[-1]}, exit {p.returncode})"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +162,7 @@ def test_the_busy_dirs_run_equals_a_run_alone(scene):
     from rlhf.run_lock import LOCK_NAME
 
     shared, alone = scene["shared"], _r2_dir(scene)
-    a, b = _rows(shared), _rows(alone)
+    a, b = read_metrics(shared), read_metrics(alone)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(STEPS))
     compared = 0
     for x, y in zip(a, b):

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.reliability.conftest import assert_clear
+from tests.helpers import assert_clear
 
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.rl.conftest import fifth_means, run_rl
+from tests.helpers import fifth_means, run_rl
 
 STEPS = 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rl.conftest import fifth_means, make_spec, run_rl
+from tests.helpers import fifth_means, make_spec, run_rl
 
 STEPS = 20
 # algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning

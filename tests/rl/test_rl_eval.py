@@ -27,7 +27,7 @@ import os
 
 import pytest
 
-from tests.rl.conftest import run_rl
+from tests.helpers import run_rl
 
 STEPS, EVERY, N_SAMPLES, MAX_PROMPTS = 20, 5, 4, 24
 EVAL_STEPS = [4, 9, 14, 19]  # 0-based steps after which an evaluation runs
@@ -206,7 +206,7 @@ def evaluator(data, tmp_path, monkeypatch):
     from rlhf.models import load_model, load_tokenizer, resolve_model_path
     from rlhf.rewards import Rewards
     from rlhf.rollout.hf import HFEngine
-    from tests.rl.conftest import make_spec
+    from tests.helpers import make_spec
 
     if not os.environ.get("RLHF_CACHE"):
         monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))

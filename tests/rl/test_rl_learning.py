@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.rl.conftest import assert_learned, make_spec, run_rl
+from tests.helpers import make_spec, run_rl
+from tests.rl.conftest import assert_learned
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.rl.conftest import fifth_means, make_spec, run_rl
+from tests.helpers import fifth_means, make_spec, run_rl
 
 RANK, ALPHA = 4, 8.0
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

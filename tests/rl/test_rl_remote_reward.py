@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rl.conftest import run_rl
+from tests.helpers import run_rl
 
 STEPS = 3
 
@@ -48,7 +48,7 @@ def test_run_with_remote_reward(rl_env, tmp_path, server):
 def test_remote_reward_down_is_a_user_error(tmp_path):
     from rlhf.spec.errors import UserError
     from rlhf.rewards import Rewards
-    from tests.rl.conftest import make_spec
+    from tests.helpers import make_spec
 
     spec = make_spec(["reward=remote", "reward.remote.urls=[http://127.0.0.1:9]", "reward.remote.retries=0",
                       "reward.remote.timeout_s=2"], tmp_path / "x")

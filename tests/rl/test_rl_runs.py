@@ -13,7 +13,8 @@ import math
 
 import pytest
 
-from tests.rl.conftest import assert_learned, leftovers, make_spec, run_rl, snapshot
+from tests.helpers import leftovers, make_spec, run_rl, snapshot
+from tests.rl.conftest import assert_learned
 
 EQUAL_STEPS = 3
 TOY = ["train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1"]

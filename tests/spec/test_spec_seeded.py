@@ -5,30 +5,26 @@ import pytest
 
 from rlhf.spec.errors import SpecError
 
-
-def _spec(overrides):
-    from rlhf.cli import build_spec, compose
-
-    return build_spec(compose(overrides), overrides, plan=True)
+from tests.helpers import planned_spec
 
 
 def test_auto_by_engine():
-    assert _spec([]).rollout.seeded is True  # CPU: HF generate
-    gpu = _spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"])
+    assert planned_spec([]).rollout.seeded is True  # CPU: HF generate
+    gpu = planned_spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"])
     assert gpu.rollout_engine == "vllm" and gpu.rollout.seeded is False
-    pinned = _spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent", "rollout.seeded=true"])
+    pinned = planned_spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent", "rollout.seeded=true"])
     assert pinned.rollout.seeded is True
 
 
 def test_sampling_carries_seeds_only_when_seeded():
     from rlhf.loops.rl import sampling_for
 
-    assert len(sampling_for(_spec([]), 3, 0, 4).seeds) == 4
-    gpu = _spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"])
+    assert len(sampling_for(planned_spec([]), 3, 0, 4).seeds) == 4
+    gpu = planned_spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"])
     assert sampling_for(gpu, 3, 0, 4).seeds == ()
 
 
 def test_hf_engine_needs_seeds():
     with pytest.raises(SpecError) as info:
-        _spec(["rollout.seeded=false"])
+        planned_spec(["rollout.seeded=false"])
     assert "rollout.seeded=false" in str(info.value) and "rollout.seeded=true" in str(info.value)

@@ -60,7 +60,7 @@ def test_tracker_logs_to_mlflow_server(mlflow_server, tmp_path):
     from rlhf.run import write_run_dir
     from rlhf.spec.build import config_dict, flatten
     from rlhf.track import Tracker
-    from tests.rl.conftest import make_spec
+    from tests.helpers import make_spec
 
     run_dir = tmp_path / "outputs" / "run"
     spec = make_spec(["algo=grpo", "train.steps=3", f"tracking.uri={mlflow_server}",

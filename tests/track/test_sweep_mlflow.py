@@ -12,7 +12,7 @@ from rlhf.sweep import SweepHooks
 
 
 def _wait_clean(before) -> tuple[list, list]:
-    from tests.rl.conftest import leftovers
+    from tests.helpers import leftovers
 
     for _ in range(50):  # ray.kill is asynchronous: give the GCS a moment
         actors, pgs = leftovers(*before)
@@ -33,7 +33,7 @@ class LeakCheck(SweepHooks):
     def job_start(self, job, spec):
         import ray
 
-        from tests.rl.conftest import snapshot
+        from tests.helpers import snapshot
 
         if self.before is None and ray.is_initialized():
             self.before = snapshot()

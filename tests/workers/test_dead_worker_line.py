@@ -6,11 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-
-def _spec(overrides):
-    from rlhf.cli import build_spec, compose
-
-    return build_spec(compose(overrides), overrides, plan=True)
+from tests.helpers import planned_spec
 
 
 class _Handle:
@@ -24,7 +20,7 @@ def test_dead_worker_names_role_rank_and_gpus(role, tmp_path):
 
     from rlhf.launch.failures import worker_failure
 
-    spec = _spec(["model=qwen2.5-7b", "hardware=8xh100", "placement=disaggregated", "placement.actor=4",
+    spec = planned_spec(["model=qwen2.5-7b", "hardware=8xh100", "placement=disaggregated", "placement.actor=4",
                   "placement.reference=0", "algo.kl.coef=0", "placement.rollout.engines=1",
                   "placement.rollout.tensor_parallel=4", f"output_dir={tmp_path}", "model.path=/nonexistent"])
     assert [tuple(e) for e in spec.layout.engines] == [(4, 5, 6, 7)]  # one engine, TP 4, after the actor's 4

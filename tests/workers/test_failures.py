@@ -8,11 +8,7 @@ from rlhf.loops.rl import Phases
 from rlhf.spec.errors import UserError
 from rlhf.spec.failures import is_cuda_oom
 
-
-def _spec(overrides):
-    from rlhf.cli import build_spec, compose
-
-    return build_spec(compose(overrides), overrides, plan=True)
+from tests.helpers import planned_spec
 
 
 class _RayTaskError(Exception):  # what Ray raises in the driver: the worker's error as .cause
@@ -25,13 +21,13 @@ def _assert_valid_overrides(msg, base):
     tips = msg.split("Try ", 1)[1].split(" (see")[0].split("; ")
     assert tips and tips[0]
     for tip in tips:
-        _spec(base + tip.split())  # every suggested setting (one or more overrides) composes and validates
+        planned_spec(base + tip.split())  # every suggested setting (one or more overrides) composes and validates
 
 
 @pytest.mark.parametrize("phase", ["update", "reference", "generate"])
 def test_oom_in_a_phase_is_one_line_with_valid_settings(phase):
     base = ["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"]
-    spec = _spec(base)
+    spec = planned_spec(base)
     ph = Phases(spec)
     with pytest.raises(UserError) as info:
         with ph(phase):
@@ -44,7 +40,7 @@ def test_oom_in_a_phase_is_one_line_with_valid_settings(phase):
 
 
 def test_other_errors_pass_through():
-    ph = Phases(_spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"]))
+    ph = Phases(planned_spec(["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"]))
     with pytest.raises(ValueError):
         with ph("update"):
             raise ValueError("not memory")

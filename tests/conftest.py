@@ -1,0 +1,40 @@
+"""Fixtures every test folder may use: the session's model/data cache and its local Ray. Plain helper
+functions are in tests/helpers.py; a folder's conftest holds only what is its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def rlhf_cache(tmp_path_factory):
+    """RLHF_CACHE for the session: $RLHF_TEST_CACHE, else a session tmp dir (builtin:tiny and the
+    built-in data are built there once, never in the user's cache)."""
+    old = os.environ.get("RLHF_CACHE")
+    path = os.environ["RLHF_CACHE"] = os.environ.get("RLHF_TEST_CACHE") or str(tmp_path_factory.mktemp("rlhf_cache"))
+    yield path
+    if old is None:
+        os.environ.pop("RLHF_CACHE", None)
+    else:
+        os.environ["RLHF_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def rl_env(rlhf_cache):
+    """The cache (its path is the value) and a local Ray for in-process runs (the launcher joins it
+    and leaves it up)."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        from rlhf.launch.group import REPO_ROOT
+
+        ray.init(address="local", num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"RLHF_CACHE": rlhf_cache, "OMP_NUM_THREADS": "1",
+                                           "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}})
+        started = True
+    yield rlhf_cache
+    if started:
+        ray.shutdown()
