@@ -54,3 +54,20 @@ def digests_match(a: dict, b: dict, rel: float = 1e-6) -> bool:
 def write_json_out(name: str, obj) -> None:
     with open(out_dir() / name, "w") as f:
         json.dump(obj, f, indent=2, default=str)
+
+
+def greedy_round(engine, trainer, prompts, new_tokens: int, label: str):
+    """Greedy tokens of the vLLM engine against the trainer's (HF greedy and forced decoding of
+    vLLM's tokens) and both sides' weight digests, recorded as ``greedy_<label>``: ``(comparison,
+    vLLM tokens, trainer digest)``. ``engine`` and ``trainer`` are Ray actor handles."""
+    import ray
+
+    out = ray.get(engine.generate_ids.remote(prompts, max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
+    v = [x.response_ids for x in out]
+    h = ray.get(trainer.greedy.remote(prompts, new_tokens))
+    forced = ray.get(trainer.forced.remote(prompts, v))
+    cmp = compare_greedy(v, h, forced)
+    dv, dt = ray.get([engine.weight_digest.remote(), trainer.digest.remote()])
+    cmp["digest_match"] = digests_match(dv, dt)
+    record(f"greedy_{label}", **cmp)
+    return cmp, v, dt

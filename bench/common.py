@@ -81,16 +81,12 @@ def _write_random_model(out: Path, preset_name: str, seed: int, max_position_emb
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from rlhf.models.builtin import hf_shape
+
     p = preset(preset_name)
     tok = build_tokenizer()
     cfg = Qwen2Config(
-        vocab_size=p["vocab"],
-        hidden_size=p["hidden"],
-        intermediate_size=p["intermediate"],
-        num_hidden_layers=p["n_layers"],
-        num_attention_heads=p["n_heads"],
-        num_key_value_heads=p["n_kv_heads"],
-        tie_word_embeddings=p["tie_embeddings"],
+        **hf_shape(p),
         max_position_embeddings=max_position_embeddings,
         rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,

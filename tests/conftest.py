@@ -21,20 +21,18 @@ def rlhf_cache(tmp_path_factory):
         os.environ["RLHF_CACHE"] = old
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rl_env(rlhf_cache):
     """The cache (its path is the value) and a local Ray for in-process runs (the launcher joins it
-    and leaves it up)."""
+    and leaves it up). Checked per module and started when not up: a file run earlier in the same
+    process may have shut its Ray down (tests/cli/test_sweep_parallel.py needs clusters of its own
+    size). Left up for the next module; Ray ends with the process."""
     import ray
 
-    started = False
     if not ray.is_initialized():
         from rlhf.launch.group import REPO_ROOT
 
         ray.init(address="local", num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"RLHF_CACHE": rlhf_cache, "OMP_NUM_THREADS": "1",
                                            "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}})
-        started = True
-    yield rlhf_cache
-    if started:
-        ray.shutdown()
+    return rlhf_cache

@@ -27,7 +27,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlhf.data.files import Records, check_messages, row_value
-from rlhf.data.sft import TRUNCATION, Row, TruncationReport, first_fit, prompt_ids, response_ids
+from rlhf.data.sft import (Row, TruncationReport, first_fit, keep_within, prompt_ids, response_ids,
+                           truncation_policy)
 from rlhf.spec.schema import DataSpec
 from rlhf.spec.errors import UserError
 
@@ -97,25 +98,11 @@ def truncate_pair(pair: Pair, max_length: int, policy: str) -> tuple[Optional[Pa
 
 
 def build_pairs(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "preference") -> tuple[list[Pair], TruncationReport]:
-    policy = getattr(data, "truncation", "right")
-    if policy not in TRUNCATION:
-        raise UserError(f"data.truncation={policy!r} is not a policy. Use one of: {', '.join(TRUNCATION)}.")
+    policy = truncation_policy(data)
     report = TruncationReport(what=what, max_length=max_length, policy=policy)
-    out = []
-    for i in range(len(rec)):
-        pair = pair_from_row(rec, i, tokenizer, data)
-        report.total += 1
-        report.longest = max(report.longest, len(pair.prompt) + max(len(pair.chosen), len(pair.rejected)))
-        kept, cut = truncate_pair(pair, max_length, policy)
-        if kept is None:
-            report.dropped += 1
-        else:
-            if cut:
-                report.truncated += 1
-                report.tokens_cut += cut
-            out.append(kept)
-    if not out:
-        raise UserError(f"{what}: every pair was dropped by truncation ({report.line()}). Raise data.max_length.")
+    out = keep_within((pair_from_row(rec, i, tokenizer, data) for i in range(len(rec))),
+                      lambda p: len(p.prompt) + max(len(p.chosen), len(p.rejected)),
+                      lambda p: truncate_pair(p, max_length, policy), report, "pair")
     return out, report
 
 

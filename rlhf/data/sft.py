@@ -23,7 +23,7 @@ block-diagonal causal mask, so packed examples never attend to each other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -32,6 +32,7 @@ from rlhf.spec.errors import UserError
 from rlhf.spec.schema import DataSpec
 
 TRUNCATION = ("right", "left", "drop")
+T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- reports
@@ -205,28 +206,48 @@ def truncate(ex: Example, max_length: int, policy: str) -> tuple[Optional[Exampl
     return out, n - max_length
 
 
-def build_sft(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "sft") -> tuple[list[Example], TruncationReport]:
+def truncation_policy(data: DataSpec) -> str:
+    """``data.truncation``, checked."""
     policy = getattr(data, "truncation", "right")
     if policy not in TRUNCATION:
         raise UserError(f"data.truncation={policy!r} is not a policy. Use one of: {', '.join(TRUNCATION)}.")
-    report = TruncationReport(what=what, max_length=max_length, policy=policy)
+    return policy
+
+
+def keep_within(items: Iterable[T], length: Callable[[T], int], cut: Callable[[T], tuple[Optional[T], int]],
+                report: TruncationReport, unit: str) -> list[T]:
+    """``cut`` applied to every item (``(kept or None, tokens cut)``), counted in ``report``; a data
+    set that loses every item is an error naming the fix."""
     out = []
-    for i in range(len(rec)):
-        ex = sft_example(rec, i, tokenizer, data)
+    for item in items:
         report.total += 1
-        report.longest = max(report.longest, len(ex.input_ids))
-        if not any(ex.loss_mask[1:]):
-            raise UserError(f"{rec.where(i)}: the response is empty after tokenisation; nothing to train on.")
-        kept, cut = truncate(ex, max_length, policy)
+        report.longest = max(report.longest, length(item))
+        kept, n_cut = cut(item)
         if kept is None:
             report.dropped += 1
-        else:
-            if cut:
-                report.truncated += 1
-                report.tokens_cut += cut
-            out.append(kept)
+            continue
+        if n_cut:
+            report.truncated += 1
+            report.tokens_cut += n_cut
+        out.append(kept)
     if not out:
-        raise UserError(f"{what}: every example was dropped by truncation ({report.line()}). Raise data.max_length.")
+        raise UserError(f"{report.what}: every {unit} was dropped by truncation ({report.line()}). Raise data.max_length.")
+    return out
+
+
+def build_sft(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "sft") -> tuple[list[Example], TruncationReport]:
+    policy = truncation_policy(data)
+    report = TruncationReport(what=what, max_length=max_length, policy=policy)
+
+    def examples():
+        for i in range(len(rec)):
+            ex = sft_example(rec, i, tokenizer, data)
+            if not any(ex.loss_mask[1:]):
+                raise UserError(f"{rec.where(i)}: the response is empty after tokenisation; nothing to train on.")
+            yield ex
+
+    out = keep_within(examples(), lambda ex: len(ex.input_ids), lambda ex: truncate(ex, max_length, policy),
+                      report, "example")
     return out, report
 
 

@@ -35,10 +35,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     algo = spec.algo
     prepared = prepared or prepare(spec, console)
-    pairs, eval_pairs = prepared.train, prepared.eval
-    counts = prepared.counts()
-    tracker.log(0, counts)
-    steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
+    pairs, eval_pairs, counts, steps_per_epoch = sup.start_pairs(spec, prepared, tracker)
     B = spec.batch
     mb_of = sup.pair_collator(prepared, algo.packing)
 
@@ -95,19 +92,8 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     before, after, n_steps = sup.train_epochs(
         spec, cluster, tracker, console, run_dir, n_units=len(pairs), steps_per_epoch=steps_per_epoch,
         shards_of=shards_of, objective=objective, step_metrics=step_metrics, evaluate=evaluate)
-    summary = {
-        "eval/accuracy_before": before["eval/accuracy"],
-        "eval/accuracy_after": after["eval/accuracy"],
-        "eval/logp_accuracy_before": before["eval/logp_accuracy"],
-        "eval/logp_accuracy_after": after["eval/logp_accuracy"],
-        "eval/margin_after": after["eval/margin"],
-        "eval/loss_before": before["eval/loss"],
-        "eval/loss_after": after["eval/loss"],
-        "train/steps": float(n_steps),
-        "train/pairs": float(len(pairs)),
-        "eval/pairs": float(len(eval_pairs)),
-        **counts,
-    }
+    summary = sup.pair_summary(before, after, n_steps, len(pairs), len(eval_pairs), counts,
+                               ("accuracy", "logp_accuracy", "loss"))
     sup.export_final(spec, cluster, run_dir, summary, console)
     console.print(f"dpo ({algo.loss_type}): held-out preference accuracy {before['eval/accuracy']:.3f} → "
                   f"{after['eval/accuracy']:.3f}, margin {after['eval/margin']:.3f}, over {n_steps} steps")

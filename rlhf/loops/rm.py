@@ -30,10 +30,7 @@ prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver bef
 def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     prepared = prepared or prepare(spec, console)
-    pairs, eval_pairs = prepared.train, prepared.eval
-    counts = prepared.counts()
-    tracker.log(0, counts)
-    steps_per_epoch = sup.check_enough(len(pairs), spec, "pairs")
+    pairs, eval_pairs, counts, steps_per_epoch = sup.start_pairs(spec, prepared, tracker)
     B = spec.batch
     mb_of = sup.pair_collator(prepared, spec.algo.packing)
 
@@ -65,17 +62,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         spec, cluster, tracker, console, run_dir, n_units=len(pairs), steps_per_epoch=steps_per_epoch,
         shards_of=shards_of, objective=RMObjective(margin=spec.algo.margin), step_metrics=step_metrics,
         evaluate=evaluate)
-    summary = {
-        "eval/accuracy_before": before["eval/accuracy"],
-        "eval/accuracy_after": after["eval/accuracy"],
-        "eval/loss_before": before["eval/loss"],
-        "eval/loss_after": after["eval/loss"],
-        "eval/margin_after": after["eval/margin"],
-        "train/steps": float(n_steps),
-        "train/pairs": float(len(pairs)),
-        "eval/pairs": float(len(eval_pairs)),
-        **counts,
-    }
+    summary = sup.pair_summary(before, after, n_steps, len(pairs), len(eval_pairs), counts, ("accuracy", "loss"))
     sup.export_final(spec, cluster, run_dir, summary, console)
     console.print(f"rm: held-out accuracy {before['eval/accuracy']:.3f} → {after['eval/accuracy']:.3f} over {n_steps} steps")
     return summary

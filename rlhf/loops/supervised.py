@@ -174,6 +174,27 @@ class Log:
         self.file.close()
 
 
+def start_pairs(spec: RunSpec, prepared: Prepared, tracker: Any) -> tuple[list, list, dict[str, float], int]:
+    """A preference run's train and eval pairs, their counts (logged at step 0) and the optimizer
+    steps per epoch (checked against the batch)."""
+    counts = prepared.counts()
+    tracker.log(0, counts)
+    return prepared.train, prepared.eval, counts, check_enough(len(prepared.train), spec, "pairs")
+
+
+def pair_summary(before: dict[str, float], after: dict[str, float], n_steps: int, n_pairs: int,
+                 n_eval_pairs: int, counts: dict[str, float], before_after: Sequence[str]) -> dict[str, float]:
+    """A preference run's summary: each ``eval/<key>`` of ``before_after`` before and after
+    training, the held-out margin after, step and pair counts, and the data counts."""
+    out: dict[str, float] = {}
+    for key in before_after:
+        out[f"eval/{key}_before"] = before[f"eval/{key}"]
+        out[f"eval/{key}_after"] = after[f"eval/{key}"]
+    out.update({"eval/margin_after": after["eval/margin"], "train/steps": float(n_steps),
+                "train/pairs": float(n_pairs), "eval/pairs": float(n_eval_pairs), **counts})
+    return out
+
+
 def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
     from rlhf.ckpt.training import exporting
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any, Mapping
 
 from rlhf.paths import cache_dir
 from rlhf.spec.schema import ModelSpec
@@ -83,20 +84,21 @@ def builtin_model_dir(name: str, model_spec: ModelSpec) -> Path:
     return final
 
 
+def hf_shape(arch: Mapping[str, Any]) -> dict[str, Any]:
+    """The transformers config arguments of a model shape given in ``model.*`` terms."""
+    return dict(vocab_size=arch["vocab"], hidden_size=arch["hidden"], intermediate_size=arch["intermediate"],
+                num_hidden_layers=arch["n_layers"], num_attention_heads=arch["n_heads"],
+                num_key_value_heads=arch["n_kv_heads"], tie_word_embeddings=arch["tie_embeddings"])
+
+
 def _write_tiny(folder: Path, arch: dict) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = build_tokenizer()
     config = LlamaConfig(
-        vocab_size=arch["vocab"],
-        hidden_size=arch["hidden"],
-        intermediate_size=arch["intermediate"],
-        num_hidden_layers=arch["n_layers"],
-        num_attention_heads=arch["n_heads"],
-        num_key_value_heads=arch["n_kv_heads"],
+        **hf_shape(arch),
         max_position_embeddings=256,
-        tie_word_embeddings=arch["tie_embeddings"],
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -8,8 +8,6 @@ current weights.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
@@ -47,20 +45,9 @@ def setup(model_05b):
 
 
 def _greedy_round(s, label):
-    import ray
+    from bench.checks import greedy_round
 
-    from bench.checks import compare_greedy, digests_match, record
-
-    engine, trainer, prompts = s["engine"], s["trainer"], s["prompts"]
-    out = ray.get(engine.generate_ids.remote(prompts, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
-    v = [x.response_ids for x in out]
-    h = ray.get(trainer.greedy.remote(prompts, NEW_TOKENS))
-    forced = ray.get(trainer.forced.remote(prompts, v))
-    cmp = compare_greedy(v, h, forced)
-    dv, dt = ray.get([engine.weight_digest.remote(), trainer.digest.remote()])
-    cmp["digest_match"] = digests_match(dv, dt)
-    record(f"greedy_{label}", **cmp)
-    return cmp, v, dt
+    return greedy_round(s["engine"], s["trainer"], s["prompts"], NEW_TOKENS, label)
 
 
 def test_generate_returns_ids_and_logprobs(setup):

@@ -46,21 +46,14 @@ def setup(model_05b):
 def test_nccl_sync_after_training_step(setup, round_):
     import ray
 
-    from bench.checks import compare_greedy, digests_match, record
+    from bench.checks import greedy_round, record
 
     engine, trainer, prompts = setup["engine"], setup["trainer"], setup["prompts"]
     before = ray.get(trainer.digest.remote())
     loss = ray.get(trainer.step.remote(seed=100 + round_))
     stats = ray.get(trainer.sync.remote(bucket_mb=256))
     record(f"nccl_sync_round{round_}", loss=loss, **stats)
-    out = ray.get(engine.generate_ids.remote(prompts, max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
-    v = [x.response_ids for x in out]
-    h = ray.get(trainer.greedy.remote(prompts, NEW_TOKENS))
-    forced = ray.get(trainer.forced.remote(prompts, v))
-    cmp = compare_greedy(v, h, forced)
-    dv, dt = ray.get([engine.weight_digest.remote(), trainer.digest.remote()])
-    cmp["digest_match"] = digests_match(dv, dt)
-    record(f"greedy_after_nccl_sync{round_}", **cmp)
+    cmp, _, dt = greedy_round(engine, trainer, prompts, NEW_TOKENS, f"after_nccl_sync{round_}")
     assert dt["sum"] != before["sum"]
     assert cmp["digest_match"]
     assert cmp["consistent_prompts"] == cmp["prompts"], cmp

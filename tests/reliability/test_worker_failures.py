@@ -152,7 +152,7 @@ def _fail_in(phase: str, step: int, call, spec):
     return info.value
 
 
-def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local, rel_cache, tmp_path, capsys,
+def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local, rlhf_cache, tmp_path, capsys,
                                                                     monkeypatch):
     import ray
 
@@ -160,7 +160,7 @@ def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local,
     import rlhf.loops.rl
     from rlhf.run import run
 
-    from tests.rl.conftest import leftovers, snapshot
+    from tests.helpers import leftovers, snapshot
 
     out = tmp_path / "run"
     spec = _spec(out)
@@ -188,28 +188,25 @@ def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local,
     assert leftovers(*before) == ([], [])  # the stand-in engine was killed with the cluster
 
 
-def test_dead_engine_process_names_engine_gpu_phase_and_step(ray_local, tmp_path):
+def _line_of(tmp_path, role_rank, actor, phase, step, call):
+    """The driver's line for ``call(actor)`` failing in ``phase`` of step ``step + 1``."""
     from rlhf.launch.failures import worker_failure
 
     spec = _spec(tmp_path)
-    engine = ray_local.remote()
-    cluster = _cluster(spec, {("rollout", 2): engine})
-    e = _fail_in("generate", 2, lambda: engine.exit.remote(), spec)
-    line = worker_failure(e, cluster)
+    cluster = _cluster(spec, {role_rank: actor})
+    return worker_failure(_fail_in(phase, step, lambda: call(actor), spec), cluster)
+
+
+def test_dead_engine_process_names_engine_gpu_phase_and_step(ray_local, tmp_path):
+    line = _line_of(tmp_path, ("rollout", 2), ray_local.remote(), "generate", 2, lambda a: a.exit.remote())
     assert line.startswith("rollout engine 2 (GPU 6) died during the generate phase of step 3: "
                            "The actor died unexpectedly before finishing this task. Cluster shut down."), line
     assert line.endswith("Cluster shut down. No checkpoint was written yet.") and "\n" not in line, line
 
 
 def test_nccl_watchdog_timeout_names_the_group_gpus_phase_and_timeout(trainers, tmp_path):
-    from rlhf.launch.failures import worker_failure
-
-    spec = _spec(tmp_path)
     saved = _checkpoint(tmp_path, 40)
-    rank1 = trainers[1]
-    cluster = _cluster(spec, {("actor", 1): rank1})
-    e = _fail_in("update", 40, lambda: rank1.update.remote(), spec)
-    line = worker_failure(e, cluster)
+    line = _line_of(tmp_path, ("actor", 1), trainers[1], "update", 40, lambda a: a.update.remote())
     assert "\n" not in line
     assert line.startswith(
         "an NCCL collective of actor ranks 0-3 (GPUs 0-3) timed out after 600 s during the update phase of "
@@ -221,13 +218,8 @@ def test_nccl_watchdog_timeout_names_the_group_gpus_phase_and_timeout(trainers, 
 
 
 def test_nccl_watchdog_ending_the_process_is_read_from_its_log(ray_local, tmp_path):
-    from rlhf.launch.failures import worker_failure
-
-    spec = _spec(tmp_path)
-    rank2 = ray_local.remote()
-    cluster = _cluster(spec, {("actor", 2): rank2})
-    e = _fail_in("update", 9, lambda: rank2.update_until_the_watchdog_ends_it.remote(), spec)
-    line = worker_failure(e, cluster)
+    line = _line_of(tmp_path, ("actor", 2), ray_local.remote(), "update", 9,
+                    lambda a: a.update_until_the_watchdog_ends_it.remote())
     assert "\n" not in line
     assert line.startswith(
         "an NCCL collective of actor ranks 0-3 (GPUs 0-3) timed out after 600 s during the update phase of "
