@@ -50,4 +50,3 @@ def model_05b() -> str:
     path = os.environ.get("RLHF_GPU_MODEL_05B", "/tmp/rlhf-gpu/models/qwen2.5-0.5b-random")
     return make_random_model(path, "qwen2.5-0.5b")
 
-

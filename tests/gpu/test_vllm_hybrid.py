@@ -19,24 +19,15 @@ NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def setup(model_05b):
-    from bench.checks import record
-
     import ray
-    import torch
-    from transformers import AutoTokenizer
 
-    from bench.common import SAFE_ENV, TrainerStub, prompts_ids
-    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
+    from bench.checks import record
+    from bench.common import prompts_ids
+    from tests.gpu.engines import engine_and_trainer
 
-    ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": dict(SAFE_ENV)})
-    tok = AutoTokenizer.from_pretrained(model_05b)
-    cfg = EngineConfig(model_path=model_05b, gpu_memory_utilization=0.35, enforce_eager=True,
-                       enable_sleep_mode=True, max_model_len=1024, eos_token_id=tok.eos_token_id)
-    engine = ray.remote(VLLMEngine).options(num_gpus=0.5, num_cpus=0).remote(cfg)
-    info = ray.get(engine.info.remote())
+    engine, trainer, tok, info = engine_and_trainer(model_05b, gpus=1, share=0.5, gpu_memory_utilization=0.35,
+                                                    sleep=True)
     record("vllm_engine_start", **info)
-    trainer = ray.remote(TrainerStub).options(num_gpus=0.5, num_cpus=0).remote(model_05b, zero_stage=3, lr=1e-3)
     ray.get(trainer.setup_sync.remote("hybrid", [engine]))
     ray.get(trainer.offload.remote())  # hybrid: training states live in host memory between updates
     prompts = prompts_ids(tok, N_PROMPTS, seed=1)

@@ -24,18 +24,11 @@ def setup(model_05b):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     import ray
-    from transformers import AutoTokenizer
 
-    from bench.common import SAFE_ENV, TrainerStub, prompts_ids
-    from rlhf.rollout.vllm import EngineConfig, VLLMEngine
+    from bench.common import prompts_ids
+    from tests.gpu.engines import engine_and_trainer
 
-    ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, ignore_reinit_error=True,
-             runtime_env={"env_vars": dict(SAFE_ENV)})
-    tok = AutoTokenizer.from_pretrained(model_05b)
-    cfg = EngineConfig(model_path=model_05b, gpu_memory_utilization=0.5, enforce_eager=True,
-                       enable_sleep_mode=False, max_model_len=1024, eos_token_id=tok.eos_token_id)
-    engine = ray.remote(VLLMEngine).options(num_gpus=1, num_cpus=0).remote(cfg)
-    trainer = ray.remote(TrainerStub).options(num_gpus=1, num_cpus=0).remote(model_05b, zero_stage=3, lr=1e-3)
+    engine, trainer, tok, _ = engine_and_trainer(model_05b, gpus=2, share=1, gpu_memory_utilization=0.5, sleep=False)
     setup_s = ray.get(trainer.setup_sync.remote("disaggregated", [engine], [1]))
     record("nccl_group_setup", seconds=setup_s)
     yield {"engine": engine, "trainer": trainer, "prompts": prompts_ids(tok, N_PROMPTS, seed=2)}
