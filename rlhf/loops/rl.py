@@ -148,101 +148,100 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
     from rlhf.run import StopRequest
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
-    lean = lean_driver(spec)
-    lean.__enter__()
     try:
-        for step in range(start, spec.train.steps):
-            ph = Phases(spec, step)
-            t_step = time.perf_counter()
+        with lean_driver(spec):  # the step loop's driver: no GC scans of setup objects, one thread on GPU
+            for step in range(start, spec.train.steps):
+                ph = Phases(spec, step)
+                t_step = time.perf_counter()
 
-            # ---- generate + reward (dynamic sampling keeps only groups that teach something)
-            rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
-            batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
-                            tokenizer.pad_token_id, spec.rollout.max_response_tokens if spec.env.fn is None else None)
-            mask = batch["response_mask"]
-            if spec.env.fn is not None:  # multi-turn: environment feedback tokens carry no loss
-                from rlhf.envs.rollout import env_loss_mask
+                # ---- generate + reward (dynamic sampling keeps only groups that teach something)
+                rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
+                    spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
+                width = spec.rollout.max_response_tokens if spec.env.fn is None else None
+                batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
+                                tokenizer.pad_token_id, width)
+                mask = batch["response_mask"]
+                if spec.env.fn is not None:  # multi-turn: environment feedback tokens carry no loss
+                    from rlhf.envs.rollout import env_loss_mask
 
-                batch["response_mask"] = mask = mask * env_loss_mask(samples, mask.shape[1])
-            batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
-            with ph("to_train"):  # hybrid GPU placement: vLLM sleeps, DeepSpeed's states come back
-                phase_stats = schedule.to_train()
+                    batch["response_mask"] = mask = mask * env_loss_mask(samples, mask.shape[1])
+                batch["rollout_logp"] = _pad_logprobs(samples, mask.shape[1])
+                with ph("to_train"):  # hybrid GPU placement: vLLM sleeps, DeepSpeed's states come back
+                    phase_stats = schedule.to_train()
 
-            # ---- reference log-probs, old log-probs, values
-            if use_ref:
-                with ph("reference"):
-                    batch["ref_logp"] = dp_forward(*reference, batch)
-            if need_old_logp:
-                with ph("old_logp"):
-                    batch["old_logp"] = dp_forward(cluster.actor, PolicyWorker.logprobs, batch)
-            values = None
-            if cluster.critic is not None:
-                with ph("critic"):
-                    values = dp_forward(cluster.critic, CriticWorker.values, batch)
-                    batch["old_values"] = values
-
-            # ---- advantages
-            with ph("advantages"):
-                adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples)
-
-            # ---- update policy (and critic), then sync the rollout engines
-            with ph("update"):
-                plans = update_plan(spec, batch, step)
-                refs = scatter_update(cluster.actor, PolicyWorker.update, batch, plans, spec)
+                # ---- reference log-probs, old log-probs, values
+                if use_ref:
+                    with ph("reference"):
+                        batch["ref_logp"] = dp_forward(*reference, batch)
+                if need_old_logp:
+                    with ph("old_logp"):
+                        batch["old_logp"] = dp_forward(cluster.actor, PolicyWorker.logprobs, batch)
+                values = None
                 if cluster.critic is not None:
-                    refs_c = scatter_update(cluster.critic, CriticWorker.update, batch, plans, spec)
-                if prefetch is not None:  # async: the engines sample the next steps during this update
-                    prefetch.launch_ahead(step)
-                actor_stats = combine(_get(refs))
-                critic_stats = combine(_get(refs_c)) if cluster.critic is not None else {}
-                if prefetch is not None:
-                    prefetch.update_done()
-            if kl_in_reward:
-                kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
-            with ph("sync"):  # caches freed, vLLM wakes, weights sent, DeepSpeed's states offloaded
-                phase_stats.update(schedule.to_generate())
+                    with ph("critic"):
+                        values = dp_forward(cluster.critic, CriticWorker.values, batch)
+                        batch["old_values"] = values
 
-            # ---- log
-            ph.times["step"] = time.perf_counter() - t_step
-            m = step_metrics(spec, samples, scores, parts, mask, ph.times)
-            m.update(adv_metrics)
-            m.update(actor_stats)
-            m.update(critic_stats)
-            m.update(ds_stats)
-            m.update(phase_stats)
-            if "old_logp" in batch and spec.rollout_engine == "vllm":
-                from rlhf.rollout.vllm import logprob_mismatch
+                # ---- advantages
+                with ph("advantages"):
+                    adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples)
 
-                m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
-            if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
-                m["perf/mfu"] = m["perf/update_tflops"] / spec.hardware.peak_bf16_tflops
-            if values is not None:
-                m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
-            m["kl/coef"] = kl_ctl.value
-            m.update(before)
-            before = {}
-            evaluated = evaluator is not None and evaluator.due(step, ckpt)
-            if evaluated:
-                t_eval = time.perf_counter()
-                m.update(evaluator.run())
-                m["time/eval"] = time.perf_counter() - t_eval
-            history.append(m)
-            metrics_file.write({"step": step, **m})
-            if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
-                tracker.log(step, m)
-            console.step(step, m)
-            saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
-            maybe_checkpoint(spec, step, cluster, data, **saving)
-            if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
-                if ckpt.last_saved != step + 1:
-                    maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
-                console.print(f"stopped after step {step + 1}: continue with rlhf-run resume={run_dir}")
-                raise stop.exception()
-        if start >= spec.train.steps and not (Path(run_dir) / "final" / "hf").is_dir():  # its export had failed
-            console.print(f"saved {ckpt_io.export_final(spec, cluster, run_dir)} (HF format)")
+                # ---- update policy (and critic), then sync the rollout engines
+                with ph("update"):
+                    plans = update_plan(spec, batch, step)
+                    refs = scatter_update(cluster.actor, PolicyWorker.update, batch, plans, spec)
+                    if cluster.critic is not None:
+                        refs_c = scatter_update(cluster.critic, CriticWorker.update, batch, plans, spec)
+                    if prefetch is not None:  # async: the engines sample the next steps during this update
+                        prefetch.launch_ahead(step)
+                    actor_stats = combine(_get(refs))
+                    critic_stats = combine(_get(refs_c)) if cluster.critic is not None else {}
+                    if prefetch is not None:
+                        prefetch.update_done()
+                if kl_in_reward:
+                    kl_ctl.update(adv_metrics.get("kl/mean", 0.0), B.samples_per_step)
+                with ph("sync"):  # caches freed, vLLM wakes, weights sent, DeepSpeed's states offloaded
+                    phase_stats.update(schedule.to_generate())
+
+                # ---- log
+                ph.times["step"] = time.perf_counter() - t_step
+                m = step_metrics(spec, samples, scores, parts, mask, ph.times)
+                m.update(adv_metrics)
+                m.update(actor_stats)
+                m.update(critic_stats)
+                m.update(ds_stats)
+                m.update(phase_stats)
+                if "old_logp" in batch and spec.rollout_engine == "vllm":
+                    from rlhf.rollout.vllm import logprob_mismatch
+
+                    m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
+                if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
+                    m["perf/mfu"] = m["perf/update_tflops"] / spec.hardware.peak_bf16_tflops
+                if values is not None:
+                    m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
+                m["kl/coef"] = kl_ctl.value
+                m.update(before)
+                before = {}
+                evaluated = evaluator is not None and evaluator.due(step, ckpt)
+                if evaluated:
+                    t_eval = time.perf_counter()
+                    m.update(evaluator.run())
+                    m["time/eval"] = time.perf_counter() - t_eval
+                history.append(m)
+                metrics_file.write({"step": step, **m})
+                if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
+                    tracker.log(step, m)
+                console.step(step, m)
+                saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
+                maybe_checkpoint(spec, step, cluster, data, **saving)
+                if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
+                    if ckpt.last_saved != step + 1:
+                        maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
+                    console.print(f"stopped after step {step + 1}: continue with rlhf-run resume={run_dir}")
+                    raise stop.exception()
+            if start >= spec.train.steps and not (Path(run_dir) / "final" / "hf").is_dir():  # its export had failed
+                console.print(f"saved {ckpt_io.export_final(spec, cluster, run_dir)} (HF format)")
     finally:
-        lean.__exit__(None, None, None)
         stop.restore()
         metrics_file.close()
         rewards.close()

@@ -134,9 +134,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
         return p
     _lora_problems(p, s)
-    if not _is(s["model"].liger_kernels, ("auto", True, False)):
-        p.append(f"model.liger_kernels={s['model'].liger_kernels!r} is not valid. Use auto, true or false.")
-    elif s["model"].liger_kernels is True and hw.accelerator != "cuda":
+    if _auto_bool(p, "model.liger_kernels", s["model"].liger_kernels, "on when the package is installed") \
+            and s["model"].liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
@@ -323,24 +322,28 @@ def _is(value: Any, options: tuple[Any, ...]) -> bool:
     return any(value == o and type(value) is type(o) for o in options)
 
 
+def _auto_bool(p: list[str], key: str, value: Any, auto_means: str) -> bool:
+    """Whether ``value`` is auto, true or false; else a problem naming ``key`` and those three."""
+    if _is(value, ("auto", True, False)):
+        return True
+    p.append(f"{key}={value!r} is not valid. Use auto ({auto_means}), true or false.")
+    return False
+
+
 def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
     """train.zero_stage / offload_optimizer / max_tokens_per_micro_batch, placement.offload_train_state."""
     train, rollout, pl = s["train"], s["rollout"], s["placement"]
     if not _is(train.zero_stage, ("auto", 0, 1, 2, 3)):
         p.append(f"train.zero_stage={train.zero_stage!r} is not a ZeRO stage. Use auto (the plan picks), 0, 1, 2 or 3.")
-    if not _is(train.offload_optimizer, ("auto", True, False)):
-        p.append(f"train.offload_optimizer={train.offload_optimizer!r} is not valid. Use auto (on only when "
-                 "the training memory needs it), true or false.")
-    elif train.offload_optimizer is True and _is(train.zero_stage, (0,)):
+    if _auto_bool(p, "train.offload_optimizer", train.offload_optimizer, "on only when the training memory needs it") \
+            and train.offload_optimizer is True and _is(train.zero_stage, (0,)):
         p.append(
             "train.offload_optimizer=true needs ZeRO (DeepSpeed offloads the optimizer state of ZeRO "
             "stages 1-3), but train.zero_stage=0. Use train.zero_stage=2 or 3 (or auto), or train.offload_optimizer=false."
         )
-    if not _is(s["train"].compile_logprobs, ("auto", True, False)):
-        p.append(f"train.compile_logprobs={s['train'].compile_logprobs!r} is not valid. Use auto, true or false.")
-    if not _is(pl.offload_train_state, ("auto", True, False)):
-        p.append(f"placement.offload_train_state={pl.offload_train_state!r} is not valid. Use auto (offload "
-                 "only when the training states and vLLM do not fit side by side), true or false.")
+    _auto_bool(p, "train.compile_logprobs", train.compile_logprobs, "on for CUDA runs")
+    _auto_bool(p, "placement.offload_train_state", pl.offload_train_state,
+               "offload only when the training states and vLLM do not fit side by side")
     budget = train.max_tokens_per_micro_batch
     seq = rollout.max_prompt_tokens + rollout.max_response_tokens
     if budget is not None and (budget < 1 or budget < seq):

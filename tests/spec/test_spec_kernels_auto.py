@@ -71,4 +71,4 @@ def test_compile_logprobs_auto_by_accelerator():
     assert _spec([*GPU, "train.compile_logprobs=false"]).train.compile_logprobs is False
     with pytest.raises(SpecError) as info:
         _spec(["train.compile_logprobs=maybe"])
-    assert "train.compile_logprobs='maybe' is not valid. Use auto, true or false." in str(info.value)
+    assert "train.compile_logprobs='maybe' is not valid. Use auto (on for CUDA runs), true or false." in str(info.value)
