@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -42,35 +41,52 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
+# The crash comes from inside the run, at a fixed point, not from a poll racing it (a toy step
+# takes 0.07 s): while the arm file exists, the reward's 4th call (step 4's scoring, after step 3
+# was logged and the step-2 checkpoint written) SIGKILLs the driver's process group, Ray included.
+CRASHER = '''
+import os, signal
+from rlhf.rewards.builtin import keymap_reward
+
+calls = 0
+
+
+def reward(prompts, responses, **meta):
+    global calls
+    calls += 1
+    if calls == {crash_on} and os.path.exists({arm!r}):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    return keymap_reward(prompts, responses, **meta)
+'''
+
+
 @pytest.mark.timeout(900)
 def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
     from rlhf.ckpt import find_latest
 
     cache = tmp_path / "cache"
     full, killed = tmp_path / "full", tmp_path / "killed"
-    b = _start(TOY + [f"output_dir={killed}"], cache, tmp_path / "killed.log")
+    arm = tmp_path / "arm"
+    arm.write_text("1")
+    crasher = tmp_path / "crasher.py"
+    crasher.write_text(CRASHER.format(crash_on=KILL_AFTER + 2, arm=str(arm)))
+    toy = TOY + [f"reward.functions=[{{fn: '{crasher}:reward', name: keymap}}]"]
+    b = _start(toy + [f"output_dir={killed}"], cache, tmp_path / "killed.log")
     try:
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            latest = find_latest(killed)
-            if latest is not None and latest.step == KILL_AFTER and any(r["step"] >= KILL_AFTER for r in read_metrics(killed)):
-                break
-            assert b.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            time.sleep(0.1)
-        else:
-            pytest.fail("no checkpoint in time: " + (tmp_path / "killed.log").read_text()[-3000:])
-        assert b.poll() is None  # still running: killed mid-run, after step KILL_AFTER + 1 was logged
-        _kill_group(b)
-        assert any(r["step"] == KILL_AFTER for r in read_metrics(killed))  # a step past the checkpoint was lost
+        assert b.wait(timeout=600) == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     finally:
         if b.poll() is None:
             _kill_group(b)
+    arm.unlink()  # the resumed run and the reference run score without crashing
+    assert find_latest(killed).step == KILL_AFTER
+    # step KILL_AFTER + 1 (0-based index KILL_AFTER) was logged past the checkpoint, and is lost
+    assert [r["step"] for r in read_metrics(killed)] == list(range(KILL_AFTER + 1))
 
     c = _start([f"resume={killed}"], cache, tmp_path / "resume.log")
     try:
         # meanwhile the uninterrupted reference, in this process on the session's Ray (the
         # built-in model comes from a fixed seed, so which cache dir holds it does not matter)
-        code, _ = run_rl([t for t in TOY if not t.startswith("ray.")], full)
+        code, _ = run_rl([t for t in toy if not t.startswith("ray.")], full)
         assert code == 0
         assert c.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     finally:
