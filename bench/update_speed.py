@@ -15,6 +15,11 @@ backward of ``sum(logp) + 0.01 sum(entropy)``. Variants:
 
 Prints seconds per update, model TFLOP/s (``rlhf.models.flops``) and MFU of ``--peak`` TFLOP/s,
 ratios to ``base`` taken in this one run, and a CUDA-time profile of ``base`` by kernel kind.
+
+``--head-memory 4096,16384,...`` measures what the plan calls the log-prob pass
+(``rlhf.spec.memory.logprob_pass_gb``): the GPU memory that ``logprobs_from_hidden`` forward +
+backward adds above its inputs, for that many predicted tokens, eager and compiled, next to the
+plan's figure: whether it is bounded by one chunk or grows with tokens × vocabulary.
 """
 
 from __future__ import annotations
@@ -78,7 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peak", type=float, default=989.0)
     ap.add_argument("--variants", default="base,compiled_head,liger")
+    ap.add_argument("--head-memory", default="", help="predicted-token counts for the log-prob pass's memory")
     a = ap.parse_args(argv)
+    if a.head_memory:
+        return head_memory(a)
     from bench.common import make_random_model
     from rlhf.data.packing import pack, real_lengths, token_groups
     from rlhf.models.flops import flop_shape
@@ -140,6 +148,47 @@ def main(argv=None) -> int:
     for v, r in results.items():
         print(f"| {v} | {r['s']:.3f} | {r['tflops']:.0f} | {r['mfu']:.1%} | {base / r['s'] if base else 0:.2f} |")
     print("RESULT " + json.dumps({"name": "update_speed", **results}))
+    return 0
+
+
+def head_memory(a) -> int:
+    """The log-prob pass's working set (see the module doc), one figure per token count and mode."""
+    from bench.common import make_random_model
+    from rlhf.algos import logprobs_from_hidden
+    from rlhf.spec.memory import GB, logprob_pass_gb
+    from rlhf.spec.schema import ModelSpec
+
+    path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)
+    model = _model(path, liger=False)
+    head, V, h = model.get_output_embeddings(), model.config.vocab_size, model.config.hidden_size
+    shape = ModelSpec(name=a.preset, path=path, n_layers=1, hidden=h, intermediate=1, n_heads=1, n_kv_heads=1,
+                      vocab=V)
+    rows = []
+    for compile in (False, True):
+        for t in (int(x) for x in a.head_memory.split(",")):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            hidden = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+            targets = torch.randint(0, V, (t,), device="cuda", generator=g)
+            for _ in range(2):  # the first call compiles; the second is measured
+                model.zero_grad(set_to_none=True)
+                hidden.grad = None
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                lp, ent = logprobs_from_hidden(hidden, head, targets, 1.0, True, vocab=V, compile=compile)
+                (lp.sum() + 0.01 * ent.sum()).backward()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+            rows.append({"tokens": t, "compiled": compile, "peak_gb": peak / GB, "bytes_per_logit": peak / (t * V),
+                         "plan_gb": logprob_pass_gb(shape, t)})
+            del hidden, targets, lp, ent
+            torch.cuda.empty_cache()
+    print(f"log-prob pass memory, {a.preset} (vocab {V}, hidden {h}): measured above its inputs vs the plan")
+    print("| predicted tokens | compiled | measured GB | bytes per token × vocab | plan GB |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['tokens']} | {r['compiled']} | {r['peak_gb']:.2f} | {r['bytes_per_logit']:.2f} | {r['plan_gb']:.2f} |")
+    print("RESULT " + json.dumps({"name": "head_memory", "preset": a.preset, "rows": rows}))
     return 0
 
 

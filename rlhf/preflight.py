@@ -63,7 +63,29 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
         if m.repo and console is not None:
             key = "model.path" if role == "model" else "reward.model_path"
             console.print(f"{key}: {m.repo} at commit {m.commit[:12]} ({m.path})")
+    if found["model"].repo and _shape_differs(spec, found["model"].path):
+        # a Hub model fetched just now: the spec was planned with the model group's numbers, so
+        # build it again (the build reads the cached config.json now); check_fits follows
+        from rlhf.spec.build import build, config_dict
+
+        spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
+        if console is not None:
+            from rlhf.spec.shape import shape_line
+
+            console.print("planned again with the checkpoint's numbers:" + (shape_line(spec) or "")[1:])
     return with_models(spec, found)
+
+
+def _shape_differs(spec: RunSpec, path: str) -> bool:
+    import json
+
+    from rlhf.spec.shape import read_shape, shape_of
+
+    try:
+        shape = read_shape(json.loads((Path(path) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return False
+    return shape is not None and shape != shape_of(spec.model)
 
 
 def check_model(spec: RunSpec, needs_chat_template: bool = False):

@@ -16,6 +16,7 @@ from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
 from rlhf.spec.layout import Layout, disaggregated_counts, plan_layout  # noqa: F401  (also imported from here)
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
+from rlhf.spec.shape import apply_checkpoint_shape
 from rlhf.spec.validate import estimator_info, validate
 
 # ----------------------------------------------------------------------------- typing
@@ -218,6 +219,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
             f"algo.kind={getattr(sections['algo'], 'kind', None)!r} does not match the algo section "
             f"({type(sections['algo']).__name__}). Choose the algorithm with algo=<name>, not algo.kind."
         ])
+    shape = apply_checkpoint_shape(sections["model"])  # the plan describes the model that will load
     roles = needed_roles(sections["algo"], sections["reward"], sections["model"].lora.rank)
     problems = validate(sections, roles)
     if problems:
@@ -236,7 +238,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
         overrides=tuple(overrides),
         changes=tuple(changes),
     )
-    spec.auto = resolve(spec)
+    spec.auto = shape + resolve(spec)
     return freeze(spec)
 
 

@@ -26,6 +26,7 @@ from rlhf.spec.memory import (
     param_count,
 )
 from rlhf.spec.runspec import RunSpec
+from rlhf.spec.shape import shape_line
 
 
 def _ranges(devs: tuple[int, ...]) -> str:
@@ -153,6 +154,9 @@ def render_plan(spec: RunSpec) -> str:
         ckpt += (f" · LoRA r={lora.rank} α={lora.alpha:g} on {','.join(lora.target_modules)}"
                  f" ({trained} trained parameters)")
     lines.append(f"model: {spec.model.path} · {size} parameters · {spec.model.dtype}{ckpt}")
+    read = shape_line(spec)
+    if read:
+        lines.append(read)
     t = spec.train.max_tokens_per_micro_batch
     tokens = f" · ≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch)"
     lines.extend(_hub_lines(spec))

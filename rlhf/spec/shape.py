@@ -1,0 +1,111 @@
+"""The model's architecture numbers from its own ``config.json``, when the driver can read it
+before anything starts: a local checkpoint dir, or a Hub id whose snapshot is already in the HF
+cache (``rlhf.hub``; nothing is downloaded here).
+
+The plan sizes memory and counts parameters from ``model.n_layers`` ... ``model.vocab``. A model
+group (``conf/model/*.yaml``) gives them for its own checkpoint; pointing ``model.path`` at another
+checkpoint must not leave the plan describing the group's model, so the checkpoint's numbers
+replace the group's and the plan says so (``RunSpec.auto``, a decision per number). A Hub id that is
+not cached yet is checked again after the driver fetched it (``rlhf.preflight.resolve_models``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from rlhf.spec.runspec import Decision, RunSpec
+from rlhf.spec.schema import ModelSpec
+
+# model.* field -> the config.json keys that hold it, in the order tried (Llama/Qwen/Mistral
+# names first, then GPT-2 / OPT style ones)
+SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "intermediate": ("intermediate_size", "n_inner", "ffn_dim"),
+    "n_heads": ("num_attention_heads", "n_head"),
+    "n_kv_heads": ("num_key_value_heads",),
+    "vocab": ("vocab_size",),
+}
+FIELDS = (*SHAPE_KEYS, "tie_embeddings")
+
+
+def config_file(path: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The ``config.json`` of ``model.path`` that this process can read now, else None
+    (``builtin:`` models are built from the spec's numbers; an uncached Hub id has none yet)."""
+    if path.startswith("builtin:"):
+        return None
+    p = Path(path).expanduser()
+    if p.exists():
+        f = p / "config.json"
+        return f if f.is_file() else None
+    from rlhf.hub import cached_commit, hub_cache, is_repo_id
+
+    if not is_repo_id(path):
+        return None
+    commit = cached_commit(path, revision)
+    if commit is None:
+        return None
+    f = Path(hub_cache()) / f"models--{path.replace('/', '--')}" / "snapshots" / commit / "config.json"
+    return f if f.is_file() else None
+
+
+def read_shape(config: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """``{model.* field: value}`` of a transformers ``config.json`` (a multimodal one's
+    ``text_config``), or None when a number the plan needs is missing."""
+    cfg = config
+    if not any(k in cfg for k in SHAPE_KEYS["n_layers"]) and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings",
+                                                                     cfg["text_config"].get("tie_word_embeddings"))}
+    shape: dict[str, Any] = {}
+    for field, keys in SHAPE_KEYS.items():
+        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+        if value is None and field == "n_kv_heads":
+            value = shape.get("n_heads")  # no grouped-query attention
+        if value is None and field == "intermediate" and "hidden" in shape:
+            value = 4 * shape["hidden"]  # GPT-2's n_inner: null means 4 × hidden
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return None
+        shape[field] = value
+    tie = cfg.get("tie_word_embeddings")
+    # transformers' PretrainedConfig ties by default, and save_pretrained may leave a default out
+    shape["tie_embeddings"] = True if tie is None else bool(tie)
+    return shape
+
+
+def apply_checkpoint_shape(model: ModelSpec) -> tuple[Decision, ...]:
+    """Set the (not yet frozen) ``model``'s numbers to its checkpoint's; a decision per number
+    that changed (key ``model.<field>``, given: the group's value, so a saved config reads the
+    checkpoint again). A config.json that cannot be read leaves the numbers as given (loading the
+    model reports the checkpoint later, with its own message)."""
+    f = config_file(model.path, model.revision)
+    if f is None:
+        return ()
+    try:
+        shape = read_shape(json.loads(f.read_text()))
+    except (OSError, ValueError):
+        return ()
+    if shape is None:
+        return ()
+    out = []
+    for k, v in shape.items():
+        if getattr(model, k) != v:
+            out.append(Decision(f"model.{k}", getattr(model, k), v, f"from {f}"))
+            setattr(model, k, v)
+    return tuple(out)
+
+
+def shape_line(spec: RunSpec) -> Optional[str]:
+    """The plan's line for the numbers read from the checkpoint, or None."""
+    read = [d for d in getattr(spec, "auto", ()) if d.key.startswith("model.") and d.key[6:] in FIELDS]
+    if not read:
+        return None
+    new = ", ".join(f"{d.key[6:]} {d.value}" for d in read)
+    old = ", ".join(str(d.given) for d in read)
+    return f"  shape {read[0].why}: {new} (the model group {spec.model.name} says {old})"
+
+
+def shape_of(model: ModelSpec) -> dict[str, Any]:
+    """The spec's architecture numbers, to compare with a checkpoint's ``read_shape``."""
+    return {k: getattr(model, k) for k in FIELDS}
