@@ -65,6 +65,7 @@ CELLS: dict[str, tuple[str, list[str]]] = {
 
 FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host memory per node):.*= ([0-9.]+) of ([0-9.]+)",
                     re.M)
+PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
 MEMORY_KEYS = ("memory/train_peak_reserved_gib", "memory/train_resident_gib", "memory/vllm_freed_gib",
                "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
 
@@ -133,6 +134,7 @@ def run_cell(name: str, deadline: float) -> dict:
         rec["step_s"] = last.get("time/step")
         rec["mismatch"] = last.get("mismatch/logp_abs_mean")
         rec["mfu"] = last.get("perf/mfu")
+        rec["micro_batch_tokens_max"] = max((r.get("perf/micro_batch_tokens_max", 0) for r in rows), default=0)
         for k in MEMORY_KEYS:
             vals = [r[k] for r in rows if k in r]
             if vals:
@@ -140,11 +142,33 @@ def run_cell(name: str, deadline: float) -> dict:
     rec["exported"] = (out_dir / "final" / "hf" / "config.json").exists()
     rec["checkpointed"] = any((out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").exists() else False
     train_gb = rec["plan"].get("training phase") or rec["plan"].get("actor")
-    peak = rec.get("memory/train_peak_reserved_gib")
-    if train_gb and peak:
-        rec["train_measured_over_plan"] = round(peak * 2**30 / 1e9 / train_gb, 3)
+    # every training process's peak on the GPU (actor, critic, reference: one GPU in hybrid)
+    peaks = [rec[k] for k in PEAK_KEYS if rec.get(k)]
+    if train_gb and peaks:
+        measured = sum(peaks) * 2**30 / 1e9
+        rec["train_measured_gb"] = round(measured, 2)
+        rec["train_measured_over_plan"] = round(measured / train_gb, 3)
+        # the plan again at the largest micro-batch the run packed, the run's ZeRO and offload
+        # pinned: the formulas' error apart from the margin of a token budget the prompts did not fill
+        tokens = int(rec.get("micro_batch_tokens_max") or 0)
+        if tokens:
+            pinned = [f"train.max_tokens_per_micro_batch={tokens}", *plan_choices(rec["plan_lines"])]
+            _, again, _ = run_cli(args + pinned + ["--plan"], 120)
+            figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(again)}
+            at_tokens = figures.get("training phase") or figures.get("actor")
+            if at_tokens:
+                rec["plan_at_measured_tokens_gb"] = at_tokens
+                rec["train_measured_over_plan_at_tokens"] = round(measured / at_tokens, 3)
     shutil.rmtree(out_dir, ignore_errors=True)  # a 7B export is 15 GB: the disk is 64 GB
     return rec
+
+
+def plan_choices(plan_lines: list[str]) -> list[str]:
+    """The ZeRO stage and optimizer offload the plan chose (its ``steps:`` line), as overrides."""
+    steps = next((ln for ln in plan_lines if ln.startswith("steps:")), "")
+    m = re.search(r"ZeRO-(\d)", steps)
+    out = [f"train.zero_stage={m.group(1)}"] if m else []
+    return out + [f"train.offload_optimizer={'true' if 'optimizer offloaded' in steps else 'false'}"]
 
 
 def main(argv=None) -> int:

@@ -340,6 +340,7 @@ class PolicyWorker(TrainedWorker):
         on_policy = "old_logp" not in batch
         stats = _StatSums()
         pg_total, flops = 0.0, 0.0
+        longest = 0  # the largest packed micro-batch, in tokens (what the plan sizes activations for)
         dev = self.torch_device()
         t0 = _clock(dev)
 
@@ -355,6 +356,7 @@ class PolicyWorker(TrainedWorker):
                     self.engine.step()
                     continue
                 mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
+                longest = max(longest, int(p["input_ids"].numel()))
                 lp, ent = self._token_logprobs(module, p, with_entropy=True)
                 logp = unpack(lp, p, len(rows), R)
                 ent = unpack(ent, p, len(rows), R)
@@ -378,6 +380,7 @@ class PolicyWorker(TrainedWorker):
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
         seconds = _clock(dev) - t0
         out["perf/update_tflops"] = (flops / max(seconds, 1e-9) / 1e12, 1.0)  # per rank, averaged
+        out["perf/micro_batch_tokens_max"] = (float(longest), 1.0)
         return out
 
     def train_step(self, micro_batches: list, objective) -> dict[str, float]:

@@ -33,6 +33,16 @@ def test_grpo_learns(grpo_hybrid):
     assert_learned("grpo", grpo_hybrid["code"], grpo_hybrid["rows"])
 
 
+def test_largest_packed_micro_batch_is_logged_within_the_budget(grpo_hybrid, tmp_path):
+    """perf/micro_batch_tokens_max (what bench.matrix plans again at, to test the plan's formulas
+    apart from its token-budget margin): real tokens, never over train.max_tokens_per_micro_batch."""
+    budget = make_spec(GRPO, tmp_path / "spec").train.max_tokens_per_micro_batch
+    longest = [r["perf/micro_batch_tokens_max"] for r in grpo_hybrid["rows"]]
+    assert longest and all(0 < n <= budget for n in longest), (longest, budget)
+    # packing fills micro-batches: more than one sample's tokens (samples are far shorter than the budget)
+    assert max(longest) > budget / 4, (longest, budget)
+
+
 def _same_metrics(a: list[dict], b: list[dict], n: int) -> None:
     keys = ["reward/mean", "reward/std", "response/length_mean", "kl/mean", "actor/pg_loss",
             "actor/entropy", "actor/grad_norm", "actor/clip_frac", "advantages/abs_mean"]

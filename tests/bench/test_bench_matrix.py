@@ -1,0 +1,43 @@
+"""bench.matrix reads the plan's printed figures and choices: checked against real --plan output
+of matrix cells (planned on CPU for one H200; nothing runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.matrix import CELLS, FIGURE, plan_choices
+from rlhf import cli
+
+QWEN05 = {"num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+          "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN15 = {"num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
+          "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+@pytest.mark.parametrize("cell,config,zero,offload", [
+    ("05b-grpo", QWEN05, "2", "false"),
+    ("15b-ppo", QWEN15, "2", None),  # offload as the plan decides: parsed, whichever it is
+])
+def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, offload):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").write_bytes(b"")
+    _, overrides = CELLS[cell]
+    assert cli.main([*overrides, f"model.path={model}", f"output_dir={tmp_path / 'run'}", "--plan"]) == 0
+    text = capsys.readouterr().out
+    figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
+    assert set(figures) >= {"training phase", "generation phase"}, text
+    assert all(0 < v < 141 for v in figures.values()), figures
+    steps = [ln for ln in text.splitlines() if ln.startswith("steps:")]
+    pinned = plan_choices(steps)
+    assert pinned[0] == f"train.zero_stage={zero}"
+    want = offload or ("true" if "optimizer offloaded" in steps[0] else "false")
+    assert pinned[1] == f"train.offload_optimizer={want}"
+    # pinning the choices and planning at fewer tokens gives a smaller training figure
+    assert cli.main([*overrides, f"model.path={model}", f"output_dir={tmp_path / 'run'}", *pinned,
+                     "train.max_tokens_per_micro_batch=2048", "--plan"]) == 0
+    again = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(capsys.readouterr().out)}
+    assert again["training phase"] < figures["training phase"]
