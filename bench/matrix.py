@@ -12,7 +12,9 @@ A cell is a set of ``rlhf-run`` overrides on a random-weight model of a preset's
    exit code, seconds per step, the measured peak memory (``memory/*`` metrics) against the plan,
    the trainer-vs-vLLM log-prob mismatch, whether ``final/hf`` was written;
 3. does not fit → the same command without ``--plan`` must stop before anything starts (exit 2,
-   within seconds, no Ray cluster).
+   within seconds, no Ray cluster); then the plan's own fix ("→ a setting that fits: ...") is
+   planned and run as in 2 when it needs no other hardware (``suggested_run``): every fix the plan
+   suggests must work.
 
 Results are appended as JSON lines to ``--results`` (one line a cell, newest last), so a matrix
 larger than one stretch of GPU time is run over several and each run skips the cells done.
@@ -114,16 +116,44 @@ def run_cell(name: str, deadline: float) -> dict:
     if overrides[0] in ("algo=sft", "algo=rm", "algo=dpo"):
         args += supervised_data(overrides[0].split("=")[1])
     rec: dict = {"cell": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": overrides}
+    text = plan_into(rec, args)
+    if rec["plan_fits"]:
+        return run_fitting(rec, args, out_dir, deadline)
+    rc, out, dt = run_cli(args, 120)
+    rec.update(run_rc=rc, run_s=round(dt, 1), refused_before_start=rc == 2 and "Started a local Ray" not in out,
+               last_line=out.strip().splitlines()[-1][:300] if out.strip() else "")
+    # the plan's own fix, when this machine can run it (not another hardware): it must fit and run
+    fix = suggested_fix(text)
+    rec["suggested"] = fix
+    if fix and not any(f.startswith("hardware") for f in fix) and time.time() < deadline - 120:
+        sub: dict = {"overrides": fix}
+        plan_into(sub, args + fix)
+        if sub["plan_fits"]:
+            run_fitting(sub, args + fix, out_dir, deadline)
+        rec["suggested_run"] = sub
+    return rec
+
+
+def plan_into(rec: dict, args: list[str]) -> str:
+    """``--plan`` of ``args``: its exit code, verdict, figures and key lines into ``rec``; its text."""
     rc, text, _ = run_cli(args + ["--plan"], 120)
     rec["plan_rc"] = rc
     rec["plan_fits"] = "✓ fits" in text
     rec["plan"] = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
-    rec["plan_lines"] = [ln for ln in text.splitlines() if ln.startswith(("steps:", "✗", "!", "✓", "  training", "  generation"))]
-    if not rec["plan_fits"]:
-        rc, text, dt = run_cli(args, 120)
-        rec.update(run_rc=rc, run_s=round(dt, 1), refused_before_start=rc == 2 and "Started a local Ray" not in text,
-                   last_line=text.strip().splitlines()[-1][:300] if text.strip() else "")
-        return rec
+    rec["plan_lines"] = [ln for ln in text.splitlines() if ln.startswith(("steps:", "✗", "!", "✓", "→", "  training",
+                                                                          "  generation"))]
+    return text
+
+
+def suggested_fix(plan_text: str) -> list[str]:
+    """The overrides of the plan's "→ a setting that fits: ..." line ([] when it has none)."""
+    m = re.search(r"^→ a setting that fits: (.+)$", plan_text, re.M)
+    return m.group(1).split() if m else []
+
+
+def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> dict:
+    """Run a cell the plan calls fitting: exit code, step time, peaks against the plan, export."""
+    shutil.rmtree(out_dir, ignore_errors=True)
     left = deadline - time.time()
     rc, text, dt = run_cli(args, max(left, 60))
     rec.update(run_rc=rc, run_s=round(dt, 1), last_lines=text.strip().splitlines()[-3:])

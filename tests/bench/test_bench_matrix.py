@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.matrix import CELLS, FIGURE, plan_choices
+from bench.matrix import CELLS, FIGURE, plan_choices, suggested_fix
 from rlhf import cli
 
 QWEN05 = {"num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
@@ -41,3 +41,23 @@ def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, of
                      "train.max_tokens_per_micro_batch=2048", "--plan"]) == 0
     again = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(capsys.readouterr().out)}
     assert again["training phase"] < figures["training phase"]
+
+
+QWEN7 = {"num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+
+
+def test_the_fix_the_matrix_runs_for_a_refused_cell_fits(tmp_path, capsys):
+    """7b-grpo does not fit one H200; the matrix runs the plan's "→ a setting that fits" instead,
+    which must be a machine-local change that the plan then calls fitting."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN7))
+    (model / "model.safetensors").write_bytes(b"")
+    _, overrides = CELLS["7b-grpo"]
+    args = [*overrides, f"model.path={model}", f"output_dir={tmp_path / 'run'}"]
+    assert cli.main(args + ["--plan"]) == 0
+    fix = suggested_fix(capsys.readouterr().out)
+    assert fix and not any(f.startswith("hardware") for f in fix), fix
+    assert cli.main(args + fix + ["--plan"]) == 0
+    assert "✓ fits" in capsys.readouterr().out
