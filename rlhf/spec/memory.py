@@ -359,9 +359,9 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
       has moved the model, since the roles start at the same time;
     * ``optimizer (offloaded)``: ZeRO-Offload's fp32 master weights, m, v and fp32 gradients,
       16 B per trained parameter of each rank's partition, summed over the node's ranks;
-    * ``training states (offloaded)`` (placement.offload_train_state): what DeepSpeed's
-      ``offload_states`` moves for each trained role's rank: its weights, gradients, optimizer
-      state (when not offloaded already) and reduce bucket.
+    * ``training states (offloaded)`` (placement.offload_train_state, runs that generate): what
+      DeepSpeed's ``offload_states`` moves for each trained role's rank while vLLM generates: its
+      weights, gradients, optimizer state (when not offloaded already) and reduce bucket.
     """
     m, train, pl, hw, lay = spec.model, spec.train, spec.placement, spec.hardware, spec.layout
     per_node = hw.devices_per_node
@@ -389,7 +389,9 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
                 p = trained[role]
                 if train.offload_optimizer:
                     offloaded += HOST_OFFLOAD_BYTES * p / n * ranks
-                if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1:
+                # hybrid's schedule moves them out around generation only (no rollout: never)
+                if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1 and \
+                        "rollout" in spec.roles:
                     parts = trained_model_gb(p, n, train.zero_stage, train.offload_optimizer, m.dtype)
                     if role == "actor" and p_lora:
                         parts["weights"] += frozen_model_gb(p_policy, n, train.zero_stage, m.dtype)

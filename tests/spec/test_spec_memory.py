@@ -284,6 +284,15 @@ def test_host_figure_parts_follow_the_doc(capsys):
         (16 * P + 16 * Pv + 2 * 2 * 5e8) / 1e9, abs=0.051)
 
 
+def test_runs_without_generation_keep_their_states_on_the_gpu(capsys):
+    """SFT, RM and DPO have no vLLM phase to make room for: nothing of theirs is counted as
+    offloaded to the host (only the optimizer, when train.offload_optimizer says so)."""
+    for algo in ("sft", "rm", "dpo"):
+        out = plan(capsys, f"algo={algo}", "model=qwen2.5-1.5b", "hardware=1xh200")
+        line = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
+        assert "training states" not in line, (algo, line)
+
+
 def test_a_cpu_run_has_no_host_figure(capsys):
     from rlhf.spec.build import build
 
