@@ -19,8 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.algos.losses import token_logprobs
-from rlhf.algos.preference import bradley_terry_loss, dpo_loss, sft_loss
+from rlhf.algos.preference import bradley_terry_loss, dpo_loss
 from rlhf.data.preference import last_token_values, sequence_logps
 from rlhf.data.sft import model_inputs
 
@@ -36,12 +35,32 @@ def _inputs(model: Any, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return model_inputs(mb, dtype=dtype, attn_impl=attn)
 
 
-def token_logps(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``[B, T]``: at position t the log-prob of ``input_ids[:, t]`` given the tokens before it
-    (position 0 holds 0: nothing predicts it, and it is never a trained token)."""
-    logits = model(**_inputs(model, mb), use_cache=False).logits
-    lp = token_logprobs(logits[:, :-1], mb["input_ids"][:, 1:])
-    return torch.nn.functional.pad(lp, (1, 0))
+def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None,
+                compile: bool = False) -> torch.Tensor:
+    """``[B, T]``: at each position t where ``keep[:, t]`` (default: ``loss_mask``) the log-prob of
+    ``input_ids[:, t]`` given the tokens before it; 0 elsewhere, and always at position 0 (nothing
+    predicts it).
+
+    The backbone's hidden states go through the LM head at the kept positions only, in chunks
+    (``rlhf.algos.logprobs_from_hidden``, as in the RL passes): no ``[B, T, V]`` logits, and no
+    head work for prompt tokens or padding."""
+    from rlhf.algos import logprobs_from_hidden
+
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft keeps its LoRA layers
+    keep = (mb["loss_mask"] if keep is None else keep).to(torch.bool).clone()
+    keep[:, 0] = False
+    hidden = hf.base_model(**_inputs(model, mb), use_cache=False).last_hidden_state
+    pred = keep[:, 1:]  # the hidden state at t - 1 predicts token t
+    lp, _ = logprobs_from_hidden(hidden[:, :-1][pred], hf.get_output_embeddings(), mb["input_ids"][:, 1:][pred],
+                                 vocab=hf.config.vocab_size, compile=compile)
+    out = torch.zeros(keep.shape, dtype=lp.dtype, device=lp.device)
+    out[keep] = lp
+    return out
+
+
+def _response(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The positions ``sequence_logps`` sums: response tokens of real sequences."""
+    return mb["loss_mask"].to(torch.bool) & (mb["seq"] >= 0)
 
 
 def _n_seqs(mb: dict[str, torch.Tensor]) -> int:
@@ -50,13 +69,18 @@ def _n_seqs(mb: dict[str, torch.Tensor]) -> int:
 
 @dataclass
 class SFTObjective:
-    """Next-token loss on response tokens (``loss_mask``), token mean over the global batch."""
+    """Next-token loss on response tokens (``loss_mask``), token mean over the global batch:
+    ``nll_sum = -Σ_{trained t} log p(x_t | x_<t)`` (``rlhf.algos.preference.sft_loss``, computed
+    from the hidden states at the trained positions only, see ``token_logps``)."""
+
+    compile: bool = False  # train.compile_logprobs: the LM head's chunk passes through torch.compile
 
     def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
-        logits = model(**_inputs(model, mb), use_cache=False).logits
-        nll, n = sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mb["loss_mask"][:, 1:])
+        keep = mb["loss_mask"] != 0
+        keep[:, 0] = False
+        nll = -token_logps(model, mb, keep, self.compile).sum()
         loss = nll * mb["loss_scale"].to(nll.dtype)
-        return loss, {"nll_sum": float(nll.detach()), "tokens": float(n)}
+        return loss, {"nll_sum": float(nll.detach()), "tokens": float(keep.sum())}
 
 
 def sequence_scores(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -98,8 +122,10 @@ class RMObjective:
 class SequenceLogps:
     """Summed response log-probs per sequence (for the frozen reference): ``fn(model, mb) -> [n]``."""
 
+    compile: bool = False
+
     def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return sequence_logps(token_logps(model, mb), mb, _n_seqs(mb)).float()
+        return sequence_logps(token_logps(model, mb, _response(mb), self.compile), mb, _n_seqs(mb)).float()
 
 
 @dataclass
@@ -111,9 +137,10 @@ class DPOObjective:
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     reference_free: bool = False
+    compile: bool = False
 
     def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
-        logp = sequence_logps(token_logps(model, mb), mb, _n_seqs(mb))
+        logp = sequence_logps(token_logps(model, mb, _response(mb), self.compile), mb, _n_seqs(mb))
         ref = mb.get("ref_logp")
         ref_c = None if ref is None else ref[0::2]
         ref_r = None if ref is None else ref[1::2]
@@ -139,8 +166,10 @@ class DPOObjective:
 class SFTRowNLL:
     """Per row: (summed NLL of its trained tokens, number of trained tokens) → ``[B, 2]``."""
 
+    compile: bool = False
+
     def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        lp = token_logps(model, mb)
+        lp = token_logps(model, mb, compile=self.compile)
         m = mb["loss_mask"].to(lp.dtype)
         m[:, 0] = 0
         return torch.stack([-(lp * m).sum(-1), m.sum(-1)], dim=-1).float()

@@ -127,3 +127,58 @@ def test_rl_reward_worker_reads_the_trained_position_also_when_eos_pads(keymap_t
     b = rl_collate(prompts, responses, eos, 4)
     with torch.no_grad():
         assert torch.allclose(last_token_scores(rm, b), O.sequence_scores(rm, mb), atol=1e-5)
+
+
+def test_supervised_log_probs_from_hidden_states_match_float64_full_logits(keymap_tok):
+    """SFT's loss and DPO's summed log-probs now run the LM head on the trained positions only
+    (``objectives.token_logps``). Against a float64 full-logits log-softmax written here, on packed
+    and unpacked rows: values and every weight's gradient."""
+    lm, _ = _models(len(keymap_tok))
+    lm = lm.double()
+
+    def reference(mb, keep):  # float64, every position's logits, then the kept ones summed
+        from rlhf.data.sft import model_inputs
+
+        logits = lm(**model_inputs(mb, dtype=torch.float64)).logits[:, :-1]
+        lp = torch.log_softmax(logits, -1).gather(-1, mb["input_ids"][:, 1:, None])[..., 0]
+        return (lp * keep[:, 1:]).sum(-1)
+
+    rows = [S.Row() for _ in range(2)]
+    for k in range(4):
+        ids = keymap_tok(f"key k{k}" + " k1" * k)["input_ids"] + [10 + k, 11, keymap_tok.eos_token_id]
+        rows[k % 2].add(ids, [0] * (len(ids) - 3) + [1, 1, 1], k // 2)  # two examples packed per row
+    for mb in (S.collate(rows, keymap_tok.pad_token_id), S.collate(rows[:1], keymap_tok.pad_token_id)):
+        keep = (mb["loss_mask"] != 0).double()
+        keep[:, 0] = 0
+        mb["loss_scale"] = torch.tensor(1.0)
+        lm.zero_grad()
+        loss, st = O.SFTObjective()(lm, mb)
+        loss.backward()
+        ours = {n: p.grad.clone() for n, p in lm.named_parameters()}
+        lm.zero_grad()
+        want = -reference(mb, keep).sum()
+        want.backward()
+        assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-10)
+        assert st["tokens"] == float(keep.sum())
+        for n, p in lm.named_parameters():
+            assert torch.allclose(ours[n], p.grad, rtol=1e-8, atol=1e-12), n
+
+    pairs = _pairs(keymap_tok)
+    for mb in (P.collate_pairs(pairs, keymap_tok.pad_token_id),
+               P.collate_pairs(pairs, keymap_tok.pad_token_id, pack=True, max_length=32)):
+        n = 2 * len(pairs)
+        with torch.no_grad():
+            got = O.SequenceLogps()(lm, mb)  # float32 by design (what the reference hands to DPO)
+        keep = (mb["loss_mask"].bool() & (mb["seq"] >= 0)).double()
+        per_pos = torch.zeros(n, dtype=torch.float64)
+        with torch.no_grad():
+            from rlhf.data.sft import model_inputs
+
+            logits = lm(**model_inputs(mb, dtype=torch.float64)).logits[:, :-1]
+            lp = torch.log_softmax(logits, -1).gather(-1, mb["input_ids"][:, 1:, None])[..., 0]
+        sel = keep[:, 1:].bool()
+        per_pos.index_add_(0, mb["seq"][:, 1:][sel], lp[sel])
+        assert torch.allclose(got.double(), per_pos, rtol=1e-6, atol=1e-6)
+        with torch.no_grad():  # and the DPO objective sums the same positions, in float64 here
+            logp = O.token_logps(lm, mb, O._response(mb))
+        assert torch.allclose(P.sequence_logps(logp, mb, n), per_pos, rtol=1e-10, atol=1e-10)
