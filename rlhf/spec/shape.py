@@ -100,6 +100,11 @@ def shape_line(spec: RunSpec) -> Optional[str]:
     """The plan's line for the numbers read from the checkpoint, or None."""
     read = [d for d in getattr(spec, "auto", ()) if d.key.startswith("model.") and d.key[6:] in FIELDS]
     if not read:
+        path = spec.model.path
+        if not path.startswith("builtin:") and not Path(path).expanduser().exists() and \
+                config_file(path, spec.model.revision) is None:
+            return (f"  shape from the model group {spec.model.name} ({path} is not in the HF cache yet: the run "
+                    "plans again with its config.json once it is fetched)")
         return None
     new = ", ".join(f"{d.key[6:]} {d.value}" for d in read)
     old = ", ".join(str(d.given) for d in read)
