@@ -35,6 +35,31 @@ def _inputs(model: Any, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return model_inputs(mb, dtype=dtype, attn_impl=attn)
 
 
+def backbone_hidden(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The backbone's last hidden states of a supervised micro-batch, ``[B, T, h]`` (zeros at padding).
+
+    A model that attends with ``rlhf_varlen`` (every training worker's: ``rlhf.models.varlen``)
+    gets the batch padding-free: every example's real tokens end to end in one row, attention
+    kept to each example by ``cu_seq_lens`` (FlashAttention's varlen kernel on CUDA), so neither
+    padding nor a ``T × T`` mask for packed rows is computed. Other models take the padded rows
+    with their mask (``rlhf.data.sft.model_inputs``)."""
+    from rlhf.models.varlen import NAME
+
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(hf.config, "_attn_implementation", None) != NAME:
+        return hf.base_model(**_inputs(model, mb), use_cache=False).last_hidden_state
+    real = mb["seg"] >= 0
+    ids, pos = mb["input_ids"][real], mb["position_ids"][real]  # row by row, in order
+    starts = torch.nonzero(pos == 0).flatten().tolist()  # every example starts at position 0
+    cu = torch.tensor([*starts, ids.numel()], dtype=torch.int32, device=ids.device)
+    longest = int((cu[1:] - cu[:-1]).max())
+    flat = hf.base_model(input_ids=ids[None], position_ids=pos[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                         max_length_q=longest, max_length_k=longest, use_cache=False).last_hidden_state[0]
+    out = flat.new_zeros(*real.shape, flat.shape[-1])
+    out[real] = flat
+    return out
+
+
 def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None,
                 compile: bool = False) -> torch.Tensor:
     """``[B, T]``: at each position t where ``keep[:, t]`` (default: ``loss_mask``) the log-prob of
@@ -49,7 +74,7 @@ def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Te
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft keeps its LoRA layers
     keep = (mb["loss_mask"] if keep is None else keep).to(torch.bool).clone()
     keep[:, 0] = False
-    hidden = hf.base_model(**_inputs(model, mb), use_cache=False).last_hidden_state
+    hidden = backbone_hidden(model, mb)
     pred = keep[:, 1:]  # the hidden state at t - 1 predicts token t
     lp, _ = logprobs_from_hidden(hidden[:, :-1][pred], hf.get_output_embeddings(), mb["input_ids"][:, 1:][pred],
                                  vocab=hf.config.vocab_size, compile=compile)
@@ -88,11 +113,10 @@ def sequence_scores(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
 
     Runs the backbone and the score head separately so that packed rows (several sequences in one
     row) work; the head is ``score`` (Llama, Qwen2, Mistral, Gemma...) or ``classifier``."""
-    backbone = model.base_model
     head = getattr(model, "score", None) or getattr(model, "classifier", None)
     if head is None:
         raise TypeError(f"{type(model).__name__} has no score/classifier head")
-    hidden = backbone(**_inputs(model, mb), use_cache=False).last_hidden_state
+    hidden = backbone_hidden(model, mb)
     values = head(hidden).squeeze(-1).float()
     return last_token_values(values, mb)
 

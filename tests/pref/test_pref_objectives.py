@@ -182,3 +182,43 @@ def test_supervised_log_probs_from_hidden_states_match_float64_full_logits(keyma
         with torch.no_grad():  # and the DPO objective sums the same positions, in float64 here
             logp = O.token_logps(lm, mb, O._response(mb))
         assert torch.allclose(P.sequence_logps(logp, mb, n), per_pos, rtol=1e-10, atol=1e-10)
+
+
+def test_padding_free_supervised_passes_equal_the_masked_padded_ones(keymap_tok):
+    """A worker's model attends with rlhf_varlen: the supervised objectives then run every
+    example's real tokens end to end (``objectives.backbone_hidden``) instead of padded rows with a
+    (block-diagonal, for packed rows) mask. Same values and gradients, float64, packed and not."""
+    import copy
+
+    from rlhf.models.varlen import use_varlen
+
+    lm, rm = _models(len(keymap_tok))
+    pairs = _pairs(keymap_tok)
+    for model, objective in ((lm, O.DPOObjective(beta=0.2, reference_free=True)), (rm, O.RMObjective())):
+        padded = model.double()
+        varlen = copy.deepcopy(padded)
+        use_varlen(varlen)
+        for mb in (P.collate_pairs(pairs, keymap_tok.pad_token_id),
+                   P.collate_pairs(pairs, keymap_tok.pad_token_id, pack=True, max_length=32)):
+            mb["loss_scale"] = torch.tensor(1.0)
+            grads = []
+            for m in (padded, varlen):
+                m.zero_grad()
+                loss, st = objective(m, mb)
+                loss.backward()
+                grads.append((float(loss.detach()), {n: p.grad.clone() for n, p in m.named_parameters()}))
+            assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-10)
+            for n in grads[0][1]:
+                assert torch.allclose(grads[0][1][n], grads[1][1][n], rtol=1e-8, atol=1e-12), n
+    rows = [S.Row() for _ in range(2)]
+    for k in range(4):
+        ids = keymap_tok(f"key k{k}" + " k1" * k)["input_ids"] + [10 + k, keymap_tok.eos_token_id]
+        rows[k % 2].add(ids, [0] * (len(ids) - 2) + [1, 1], k // 2)
+    varlen = copy.deepcopy(lm)
+    use_varlen(varlen)
+    mb = S.collate(rows, keymap_tok.pad_token_id)
+    mb["loss_scale"] = torch.tensor(1.0)
+    with torch.no_grad():
+        a, _ = O.SFTObjective()(lm, mb)
+        b, _ = O.SFTObjective()(varlen, mb)
+    assert float(a) == pytest.approx(float(b), rel=1e-10)
