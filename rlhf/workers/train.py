@@ -644,8 +644,26 @@ class RewardModelWorker(ReferenceWorker):
 
     @torch.no_grad()
     def scores(self, batch: Batch) -> torch.Tensor:
+        """One score per sample, from padding-free micro-batches (as every other RL pass)."""
         module = getattr(self.module, "module", self.module)  # a ZeRO-3 engine wraps it
-        return torch.cat([last_token_scores(module, mb).cpu() for mb in self.micro_batches(batch)])
+        out = torch.zeros(size(batch))
+        for rows, p in self.packed_micro_batches(batch):
+            if rows:
+                out[rows] = packed_last_token_scores(module, p, self.torch_device()).cpu()
+        return out
+
+
+def packed_last_token_scores(model, packed: dict, device) -> torch.Tensor:
+    """``last_token_scores`` of a packed micro-batch (``rlhf.data.packing.pack``): the score head at
+    each sample's last real token, the end of its span in ``cu_seqlens``; ``[n samples]``."""
+    from rlhf.models.varlen import packed_kwargs
+
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no score/classifier head")
+    hidden = model.base_model(**packed_kwargs(packed, device)).last_hidden_state[0]
+    last = packed["cu_seqlens"][1:].to(device=hidden.device, dtype=torch.long) - 1
+    return head(hidden[last]).squeeze(-1).float()
 
 
 def last_token_scores(model, mb: Batch) -> torch.Tensor:

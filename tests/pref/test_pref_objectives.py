@@ -127,6 +127,20 @@ def test_rl_reward_worker_reads_the_trained_position_also_when_eos_pads(keymap_t
     b = rl_collate(prompts, responses, eos, 4)
     with torch.no_grad():
         assert torch.allclose(last_token_scores(rm, b), O.sequence_scores(rm, mb), atol=1e-5)
+    # the RL reward-model worker's padding-free pass reads the same position
+    import copy
+
+    from rlhf.data.packing import pack
+    from rlhf.models.varlen import use_varlen
+    from rlhf.workers.train import packed_last_token_scores
+
+    varlen = copy.deepcopy(rm)
+    use_varlen(varlen)
+    rows = list(range(len(prompts)))
+    with torch.no_grad():
+        for part in (rows, rows[3:7]):
+            got = packed_last_token_scores(varlen, pack(b, part), "cpu")
+            assert torch.allclose(got, last_token_scores(rm, b)[part], atol=1e-5)
 
 
 def test_supervised_log_probs_from_hidden_states_match_float64_full_logits(keymap_tok):
