@@ -318,8 +318,17 @@ def estimate(spec: RunSpec) -> Estimate:
         est.figures["training phase"] = train_phase
         if rollout:
             gen = _vllm_parts(spec, p_policy) if cuda else {}
-            resident = 0.0 if pl.offload_train_state else sum({**actor, **critic, **reference, **reward}.values())
-            gen["training state (resident)" if resident else "training state (offloaded)"] = resident
+            if pl.offload_train_state:
+                # DeepSpeed moves what its optimizer holds (rlhf.workers.sync_cuda.TrainStates);
+                # frozen weights stay: the reference's and the reward model's (rlhf.workers.schedule),
+                # and with LoRA the policy's base weights
+                kept = sum({**reference, **reward}.values())
+                if p_lora:
+                    kept += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
+                if kept:
+                    gen["frozen weights (resident)"] = kept
+            else:
+                gen["training state (resident)"] = sum({**actor, **critic, **reference, **reward}.values())
             gen.update(runtime)
             est.figures["generation phase"] = gen
     else:
@@ -392,9 +401,8 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
                 # hybrid's schedule moves them out around generation only (no rollout: never)
                 if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1 and \
                         "rollout" in spec.roles:
+                    # a LoRA policy's frozen base weights are not the optimizer's: they stay on the GPU
                     parts = trained_model_gb(p, n, train.zero_stage, train.offload_optimizer, m.dtype)
-                    if role == "actor" and p_lora:
-                        parts["weights"] += frozen_model_gb(p_policy, n, train.zero_stage, m.dtype)
                     states += (sum(parts.values()) + b * ZERO_REDUCE_BUCKET / GB) * ranks * GB
             elif not (role == "reference" and shared_reference):
                 load += b * full[role] * ranks

@@ -216,6 +216,15 @@ def test_states_stay_resident_when_both_phases_fit(capsys):
     assert "training states stay on the GPU while vLLM generates (auto: the generation phase fits" in out
     out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "placement.offload_train_state=true")
     assert "training state" not in out.split("generation phase:")[1].split("\n")[0]
+    # offloaded: the frozen reference (bf16) stays, DeepSpeed moves only what its optimizer holds
+    assert figure(out, "generation phase:", "frozen weights (resident)") == pytest.approx(2 * P / 1e9, abs=0.051)
+    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + 2 * P / 1e9 + 2, abs=0.051)
+    # LoRA: no reference model; the policy's frozen base weights stay instead, and are not host-offloaded
+    lora = ("model.lora.rank=16", "model.lora.alpha=32")
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "placement.offload_train_state=true", *lora)
+    assert figure(out, "generation phase:", "frozen weights (resident)") == pytest.approx(2 * P / 1e9, abs=0.051)
+    host = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
+    assert figure("x " + host, "x", "training states (offloaded)") < 1.5  # adapters + reduce bucket, not 1 GB of base
     assert "(auto:" not in out.split("ZeRO-2 (auto")[1]  # a pinned value has no auto line
 
 
