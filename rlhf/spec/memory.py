@@ -308,6 +308,10 @@ def estimate(spec: RunSpec) -> Estimate:
         # updates run at the same time, and each process keeps its cached blocks until the
         # phase ends (the reference's forward pass too), so all of them add up.
         frozen_work = {"reference pass": forward_pass_gb(m, tokens)} if has_reference and cuda else {}
+        # the reward model scores right after generation, vLLM awake, and its process keeps the
+        # blocks until the next release before vLLM wakes: it counts in both phases
+        reward_work = {"reward model pass": forward_pass_gb(m, tokens, lm_head=False)} if reward and cuda else {}
+        frozen_work.update(reward_work)
         train_phase = {**actor, **critic, **reference, **reward, **actor_work, **critic_work, **frozen_work,
                        **runtime}
         if rollout and cuda:
@@ -329,6 +333,7 @@ def estimate(spec: RunSpec) -> Estimate:
                     gen["frozen weights (resident)"] = kept
             else:
                 gen["training state (resident)"] = sum({**actor, **critic, **reference, **reward}.values())
+            gen.update(reward_work)
             gen.update(runtime)
             est.figures["generation phase"] = gen
     else:
@@ -339,7 +344,8 @@ def estimate(spec: RunSpec) -> Estimate:
         if reference:
             est.figures["reference"] = {**reference, "logits": logits_gb(m, tokens), **runtime}
         if reward:
-            est.figures["reward"] = {**reward, **runtime}
+            est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, lm_head=False),
+                                     **runtime}
         if rollout:
             est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
     if cuda and hw.host_memory_gb > 0:

@@ -310,3 +310,23 @@ def test_a_cpu_run_has_no_host_figure(capsys):
     spec = build(cli.compose([]))
     assert memory.estimate(spec).host == {}
     assert spec.hardware.host_memory_gb == 0
+
+
+def test_a_reward_model_pass_counts_in_both_hybrid_phases(capsys, tmp_path):
+    """The reward model scores right after generation (vLLM awake) and keeps its blocks into the
+    training phase: layer bytes · t in both figures (no head chunk: one score per sample)."""
+    import json
+
+    m = load("model", "qwen2.5-0.5b")
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "algo=ppo", f"reward.model_path={rm}")
+    t = int(re.search(r"≤ (\d+) tokens per micro-batch", out).group(1))
+    want = doc_layer_bytes(m) * t / 1e9
+    assert figure(out, "training phase:", "reward model pass") == pytest.approx(want, abs=0.051)
+    assert figure(out, "generation phase:", "reward model pass") == pytest.approx(want, abs=0.051)
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=8xh100", "algo=ppo", "placement=disaggregated",
+               f"reward.model_path={rm}")
+    t = int(re.search(r"≤ (\d+) tokens per micro-batch", out).group(1))
+    assert figure(out, "reward:", "reward model pass") == pytest.approx(doc_layer_bytes(m) * t / 1e9, abs=0.051)
