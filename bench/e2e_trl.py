@@ -334,6 +334,8 @@ def ours_step(r: dict, samples: int) -> dict:
     out["reward_mean"] = r.get("reward/mean")  # not the "reward" phase's seconds
     out["mismatch"] = r.get("mismatch/logp_abs_mean")
     out["mfu"] = r.get("perf/mfu")  # the actor update's, of the hardware's peak
+    out["reference_s"] = r.get("time/reference")  # the two passes the "logp" phase sums, apart
+    out["old_logp_s"] = r.get("time/old_logp")
     return out
 
 
@@ -714,6 +716,10 @@ def summarize(steps: list[dict], warmup: int) -> dict:
     out["truncated"] = statistics.mean(float(s.get("truncated", 0.0)) for s in timed)
     if out.get("step"):
         out["tokens_per_s"] = out["tokens"] / out["step"]
+    for k in ("reference_s", "old_logp_s", "mfu", "mismatch"):  # ours only
+        vals = [float(s[k]) for s in timed if s.get(k) is not None]
+        if vals:
+            out[k] = statistics.mean(vals)
     out["step_times"] = [round(float(s["step_s"]), 3) for s in timed]
     out["warmup_step_times"] = [round(float(s["step_s"]), 3) for s in steps[:warmup]]
     return out
@@ -757,6 +763,10 @@ def report(a, res: dict) -> str:
         f"| start-up to first step end (s) | {fmt(res['ours'].get('first_step_s'), '{:.0f}')} | "
         f"{fmt(res['trl'].get('first_step_s'), '{:.0f}')} | |",
     ]
+    if o:
+        lines.append(f"ours, passes: reference {fmt(o.get('reference_s'))} s, old log-prob pass "
+                     f"{fmt(o.get('old_logp_s'))} s (none when the update is exactly on-policy), update MFU "
+                     f"{fmt(o.get('mfu'), '{:.1%}')}, trainer-vLLM log-prob mismatch {fmt(o.get('mismatch'), '{:.4f}')}")
     goal = "met" if sr is not None and sr >= GOAL else ("not met" if sr is not None else "not measured")
     lines.append(f"speed-up (TRL step / ours step, mean): {fmt(sr)} (goal >= {GOAL:g}: {goal})")
     for side in ("ours", "trl"):

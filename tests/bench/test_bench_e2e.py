@@ -1,0 +1,32 @@
+"""bench.e2e_trl's own side on CPU (``--cpu-test``: tiny model, HF generate, DeepSpeed on gloo), so
+that a GPU stretch never finds the comparison broken: the phase table and the separate reference
+and old-log-prob pass times (``algo.tis_cap`` forces the old-log-prob pass)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(300)
+def test_e2e_bench_runs_our_side_and_reports_each_pass(rl_env, tmp_path):
+    env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1")
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "bench.e2e_trl", "--cpu-test", "--sides", "ours", "--kl", "0.001",
+                        "--max-new", "8", "--warmup", "1", "--steps", "2", "--ours-extra", "algo.tis_cap=2",
+                        "--work", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=280)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    step = re.search(r"^\| \*\*step\*\* \| ([0-9.]+) \| - \|", out, re.M)
+    assert step and float(step.group(1)) > 0, out[-3000:]
+    passes = re.search(r"^ours, passes: reference ([0-9.]+) s, old log-prob pass ([0-9.]+) s", out, re.M)
+    assert passes, out[-3000:]
+    assert re.search(r"^ours: ok, \d+ steps", out, re.M), out[-3000:]
