@@ -112,7 +112,7 @@ class PolicyLossTerms:
     loss: torch.Tensor  # this micro-batch's loss, to back-propagate as is (micro_batch_loss)
     pg_loss: torch.Tensor  # detached: its share of the optimizer step's global policy loss
     stats: dict[str, torch.Tensor]  # detached means over its policy tokens (kl_loss, clip_frac, entropy, ...)
-    tokens: float  # its policy tokens: the weight of its stats
+    tokens: torch.Tensor  # its policy tokens (a 0-d tensor on the batch's device): the weight of its stats
 
 
 def policy_loss_terms(algo: RLAlgo, logp: torch.Tensor, entropy: torch.Tensor, mb: Mapping[str, Any],
@@ -126,8 +126,8 @@ def policy_loss_terms(algo: RLAlgo, logp: torch.Tensor, entropy: torch.Tensor, m
     Without ``old_logp`` the update is exactly on-policy: the ratio's anchor is ``logp`` itself."""
     load_plugins(algo.plugins)
     mask = mb["response_mask"]
-    tokens = float(mask.sum())
-    n_tok = max(tokens, 1)
+    tokens = mask.sum()  # a tensor: reading it here would wait for the forward (a host sync per micro-batch)
+    n_tok = tokens.clamp(min=1)
     old = mb["old_logp"] if "old_logp" in mb else logp.detach()
     per_token, part_stats = POLICY_LOSSES.get(algo.policy_loss)(PolicyLossInputs(
         logp=logp, old_logp=old, advantages=mb["advantages"], mask=mask,

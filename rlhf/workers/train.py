@@ -365,9 +365,9 @@ class PolicyWorker(TrainedWorker):
                 if self.engine.is_gradient_accumulation_boundary():
                     self.last_grad_norm = self._grad_norm()
                 self.engine.step()
-                pg_total += float(terms.pg_loss)
+                pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
                 for name, v in terms.stats.items():
-                    stats.add(f"actor/{name}", float(v), terms.tokens)
+                    stats.add(f"actor/{name}", v, terms.tokens)
                 if on_policy and "rollout_logp" in mb:
                     stats.mismatch(logp.detach(), mb["rollout_logp"], mb["response_mask"])
                 flops += 3 * self.flops.forward(float(p["input_ids"].numel()), float(len(p["targets"])),
@@ -376,7 +376,7 @@ class PolicyWorker(TrainedWorker):
             if gn is not None:
                 stats.add("actor/grad_norm", float(gn), 1.0)
         out = stats.result()
-        out["actor/pg_loss"] = (pg_total / n_opt, 1.0 / self.world_size)  # combined: the global loss
+        out["actor/pg_loss"] = (float(pg_total) / n_opt, 1.0 / self.world_size)  # combined: the global loss
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
         seconds = _clock(dev) - t0
         out["perf/update_tflops"] = (flops / max(seconds, 1e-9) / 1e12, 1.0)  # per rank, averaged
@@ -506,33 +506,43 @@ def _clock(device) -> float:
 
 class _StatSums:
     """Per-rank sums with their weights (``{name: (sum, weight)}``, see the module doc); names
-    ending in ``_max`` carry a maximum, which the driver combines by max."""
+    ending in ``_max`` carry a maximum, which the driver combines by max. Values and weights may be
+    tensors on the GPU: they are summed there and read once, in ``result`` (a read per micro-batch
+    would stall the GPU while the host waits)."""
 
     def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
+        self.sums: dict[str, Any] = {}
+        self.weights: dict[str, Any] = {}
 
-    def add(self, name: str, value: float, weight: float) -> None:
+    def add(self, name: str, value: Any, weight: Any) -> None:
+        value = value.double() if torch.is_tensor(value) else value
         self.sums[name] = self.sums.get(name, 0.0) + value * weight
         self.weights[name] = self.weights.get(name, 0.0) + weight
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch
-        (``rlhf.rollout.vllm.logprob_mismatch``), weighted by its policy tokens."""
-        from rlhf.rollout.vllm import logprob_mismatch
-
-        n = float((mask != 0).sum())
-        if n == 0:
-            return
-        m = logprob_mismatch(rollout_logp, trainer_logp, mask)
-        self.add("mismatch/logp_abs_mean", m["mismatch/logp_abs_mean"], n)
-        self.add("mismatch/kl_k3", m["mismatch/kl_k3"], n)
+        (the sums behind ``rlhf.rollout.vllm.logprob_mismatch``), weighted by its policy tokens."""
+        keep = mask != 0
+        n = keep.sum().double()
+        d = (trainer_logp.double() - rollout_logp.double()) * keep
+        ratio = torch.exp(d.clamp(-20, 20))
+        self.sums["mismatch/logp_abs_mean"] = self.sums.get("mismatch/logp_abs_mean", 0.0) + d.abs().sum()
+        self.sums["mismatch/kl_k3"] = self.sums.get("mismatch/kl_k3", 0.0) + ((ratio - 1 - d) * keep).sum()
+        for key in ("mismatch/logp_abs_mean", "mismatch/kl_k3"):
+            self.weights[key] = self.weights.get(key, 0.0) + n
         key = "mismatch/logp_abs_max"
-        self.sums[key] = max(self.sums.get(key, 0.0), m[key])
-        self.weights[key] = 1.0
+        self.sums[key] = torch.maximum(torch.as_tensor(self.sums.get(key, 0.0), dtype=torch.float64,
+                                                       device=d.device), d.abs().max())
+        self.weights[key] = self.weights.get(key, 0.0) + n  # only whether any token was compared
 
     def result(self) -> Stats:
-        return {k: (self.sums[k], self.weights[k]) for k in self.sums}
+        out = {}
+        for k, s in self.sums.items():
+            w = float(self.weights[k])
+            if w == 0 and k.startswith("mismatch/"):  # no policy token compared: nothing measured
+                continue
+            out[k] = (float(s), 1.0 if k.endswith("_max") else w)
+        return out
 
 
 class CriticWorker(TrainedWorker):
