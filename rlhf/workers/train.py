@@ -599,14 +599,14 @@ class CriticWorker(TrainedWorker):
                 loss = micro_batch_loss(per_token, mask, algo.loss_agg, denominators[k], self.world_size)
                 self.engine.backward(loss, scale_wrt_gas=False)
                 self.engine.step()
-                total_loss += float(loss.detach()) / self.world_size / n_opt
-                with torch.no_grad():
+                with torch.no_grad():  # summed on the device, read once after the loop
+                    total_loss = total_loss + loss.detach().double() / self.world_size / n_opt
                     c = ((v - mb["old_values"]).abs() > algo.critic.value_clip).float()
-                    clipped += float((c * mask).sum())
-                    n_tok_all += float(mask.sum())
+                    clipped = clipped + (c * mask).sum().double()
+                    n_tok_all = n_tok_all + mask.sum().double()
         return {
-            "critic/value_loss": (total_loss, 1.0 / self.world_size),
-            "critic/value_clip_frac": (clipped, n_tok_all),
+            "critic/value_loss": (float(total_loss), 1.0 / self.world_size),
+            "critic/value_clip_frac": (float(clipped), float(n_tok_all)),
             "critic/lr": (self.scheduler.get_last_lr()[0], 1.0),
         }
 
