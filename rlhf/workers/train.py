@@ -199,9 +199,9 @@ class _Model(Worker):
         whole local batch, back in the padded layout ``[B, R]`` on the CPU (0 off the response)."""
         R = response_width(batch)
         out = torch.zeros(size(batch), R)
-        for rows, p in self.packed_micro_batches(batch):
-            if rows:
-                out[rows] = unpack(fn(p).float().cpu(), p, len(rows), R)
+        done = [(rows, p, fn(p).float()) for rows, p in self.packed_micro_batches(batch) if rows]
+        for rows, p, flat in done:  # to the host after every pass is queued: no wait between passes
+            out[rows] = unpack(flat.cpu(), p, len(rows), R)
         return out
 
     def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
@@ -657,9 +657,10 @@ class RewardModelWorker(ReferenceWorker):
         """One score per sample, from padding-free micro-batches (as every other RL pass)."""
         module = getattr(self.module, "module", self.module)  # a ZeRO-3 engine wraps it
         out = torch.zeros(size(batch))
-        for rows, p in self.packed_micro_batches(batch):
-            if rows:
-                out[rows] = packed_last_token_scores(module, p, self.torch_device()).cpu()
+        done = [(rows, packed_last_token_scores(module, p, self.torch_device()))
+                for rows, p in self.packed_micro_batches(batch) if rows]
+        for rows, scores in done:  # read after every pass is queued
+            out[rows] = scores.cpu()
         return out
 
 
