@@ -77,11 +77,6 @@ def _warmup(optimizer, warmup_steps: int):
     )
 
 
-def _forward(module, mb: Batch):
-    return module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                  position_ids=mb["position_ids"], use_cache=False)
-
-
 def _to(batch: Batch, device) -> Batch:
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -150,11 +145,6 @@ class _Model(Worker):
 
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             return _cloned(fn(module)) if self.rank == 0 else None
-
-    def micro_batches(self, batch: Batch):
-        m = self.spec.batch.micro_batch_size
-        for s in range(0, size(batch), m):
-            yield _to(select(batch, slice(s, s + m)), self.torch_device())
 
     # -- the RL passes run padding-free (rlhf.data.packing): micro-batches of at most
     #    ``train.max_tokens_per_micro_batch`` real tokens, the same number on every rank
@@ -665,8 +655,12 @@ class RewardModelWorker(ReferenceWorker):
 
 
 def packed_last_token_scores(model, packed: dict, device) -> torch.Tensor:
-    """``last_token_scores`` of a packed micro-batch (``rlhf.data.packing.pack``): the score head at
-    each sample's last real token, the end of its span in ``cu_seqlens``; ``[n samples]``."""
+    """A sequence classifier's score of each sample of a packed micro-batch (``rlhf.data.packing.pack``),
+    ``[n samples]``: the score head at the sample's last real token, the end of its span in
+    ``cu_seqlens``. The backbone and the ``score``/``classifier`` head run separately instead of
+    the model's own pooling, which finds the last token by ``pad_token_id`` and so skips a final
+    EOS whenever the tokenizer pads with EOS. The reward-model loop (rlhf.loops.rm) trains on the
+    same position."""
     from rlhf.models.varlen import packed_kwargs
 
     head = getattr(model, "score", None) or getattr(model, "classifier", None)
@@ -675,19 +669,3 @@ def packed_last_token_scores(model, packed: dict, device) -> torch.Tensor:
     hidden = model.base_model(**packed_kwargs(packed, device)).last_hidden_state[0]
     last = packed["cu_seqlens"][1:].to(device=hidden.device, dtype=torch.long) - 1
     return head(hidden[last]).squeeze(-1).float()
-
-
-def last_token_scores(model, mb: Batch) -> torch.Tensor:
-    """A sequence classifier's score at each row's last real token (by ``attention_mask``), ``[B]``.
-
-    The backbone and the ``score``/``classifier`` head run separately instead of the model's own
-    pooling, which finds the last token by ``pad_token_id`` and so skips a final EOS whenever the
-    tokenizer pads with EOS. The reward-model loop (rlhf.loops.rm) trains on the same position."""
-    head = getattr(model, "score", None) or getattr(model, "classifier", None)
-    if head is None:
-        raise TypeError(f"{type(model).__name__} has no score/classifier head")
-    hidden = _forward(model.base_model, mb).last_hidden_state
-    values = head(hidden).squeeze(-1).float()  # [B, T]
-    attn = mb["attention_mask"]
-    last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)
-    return values[torch.arange(values.shape[0], device=values.device), last]

@@ -112,11 +112,20 @@ def test_step_and_eval_shards():
     assert sup.per_unit(pieces, 7).tolist() == [float(i) for i in range(7)]
 
 
+def last_token_scores(model, mb) -> torch.Tensor:
+    """Reference: a sequence classifier's score at each padded row's last real token, by its
+    attention mask (not the model's pooling, which looks for pad_token_id), ``[B]``."""
+    hidden = model.base_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                              position_ids=mb["position_ids"]).last_hidden_state
+    values = model.score(hidden).squeeze(-1).float()  # [B, T]
+    attn = mb["attention_mask"]
+    last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)
+    return values[torch.arange(values.shape[0]), last]
+
+
 def test_rl_reward_worker_reads_the_trained_position_also_when_eos_pads(keymap_tok):
     """Tokenizers without a pad token pad with EOS (rlhf.models.load_tokenizer): HF's own pooling
     would then score the token before the final EOS; the worker and the RM loop both read the EOS."""
-    from rlhf.workers.train import last_token_scores
-
     _, rm = _models(len(keymap_tok))
     eos = keymap_tok.eos_token_id
     rm.config.pad_token_id = eos
