@@ -3,6 +3,7 @@ failure one ``UserError`` that says what to do.
 
     is_repo_id(s)          an ``org/name`` (or ``name``) id, as opposed to a local path
     hub_cache()            where snapshots go: $HF_HUB_CACHE, else $HF_HOME/hub (~/.cache/huggingface/hub)
+    cached_snapshot(...)   a revision's snapshot dir when the cache has it (cached_commit: its commit)
     offline()              HF_HUB_OFFLINE=1: the cache only, never the network
     snapshot(...)          the cache first, without network (a branch such as main is taken at the
                            commit cached; pin model.revision or delete the snapshot to move on);
@@ -173,15 +174,21 @@ def _raise(e: BaseException, *args, **kwargs) -> None:
     raise hub_error(e, *args, **kwargs) from None
 
 
-def cached_commit(repo: str, revision: Optional[str] = None, repo_type: str = "model") -> Optional[str]:
-    """The commit of ``repo`` at ``revision`` (None: main) in the HF cache, if a snapshot of it is
-    there; read from the cache layout alone (refs/<revision>, snapshots/<commit>), no network."""
+def cached_snapshot(repo: str, revision: Optional[str] = None, repo_type: str = "model") -> Optional[Path]:
+    """The snapshot dir of ``repo`` at ``revision`` (None: main) in the HF cache, if it is there;
+    read from the cache layout alone (refs/<revision>, snapshots/<commit>), no network."""
     top = Path(hub_cache()) / f"{repo_type}s--{repo.replace('/', '--')}"
     rev = revision or "main"
     commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else None
     if commit is None and (top / "refs" / rev).is_file():
         commit = (top / "refs" / rev).read_text().strip()
-    return commit if commit and (top / "snapshots" / commit).is_dir() else None
+    return top / "snapshots" / commit if commit and (top / "snapshots" / commit).is_dir() else None
+
+
+def cached_commit(repo: str, revision: Optional[str] = None, repo_type: str = "model") -> Optional[str]:
+    """The commit of ``cached_snapshot`` (None when not cached)."""
+    snap = cached_snapshot(repo, revision, repo_type)
+    return snap.name if snap is not None else None
 
 
 def _quiet_tqdm():

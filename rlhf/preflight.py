@@ -77,14 +77,9 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
 
 
 def _shape_differs(spec: RunSpec, path: str) -> bool:
-    import json
+    from rlhf.spec.shape import checkpoint_shape, shape_of
 
-    from rlhf.spec.shape import read_shape, shape_of
-
-    try:
-        shape = read_shape(json.loads((Path(path) / "config.json").read_text()))
-    except (OSError, ValueError):
-        return False
+    shape = checkpoint_shape(Path(path) / "config.json")
     return shape is not None and shape != shape_of(spec.model)
 
 

@@ -267,6 +267,8 @@ def _hub_lines(spec: RunSpec) -> list[str]:
         commit = cached_commit(path, rev)
         at = f" at revision {rev}" if rev else ""
         where = (f"in the HF cache at commit {commit[:12]} ({hub_cache()})" if commit else
-                 f"downloaded when the run starts, into {hub_cache()} (set HF_HOME to move it)")
+                 f"downloaded when the run starts, into {hub_cache()} (set HF_HOME to move it)"
+                 + ("; planned with the model group's shape until then, and again with its config.json"
+                    if key == "model.path" else ""))
         out.append(f"  {key} from the Hugging Face Hub{at}: {where}")
     return out

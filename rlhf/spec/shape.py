@@ -40,15 +40,10 @@ def config_file(path: str, revision: Optional[str] = None) -> Optional[Path]:
     if p.exists():
         f = p / "config.json"
         return f if f.is_file() else None
-    from rlhf.hub import cached_commit, hub_cache, is_repo_id
+    from rlhf.hub import cached_snapshot, is_repo_id
 
-    if not is_repo_id(path):
-        return None
-    commit = cached_commit(path, revision)
-    if commit is None:
-        return None
-    f = Path(hub_cache()) / f"models--{path.replace('/', '--')}" / "snapshots" / commit / "config.json"
-    return f if f.is_file() else None
+    snap = cached_snapshot(path, revision) if is_repo_id(path) else None
+    return snap / "config.json" if snap is not None and (snap / "config.json").is_file() else None
 
 
 def read_shape(config: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -74,18 +69,21 @@ def read_shape(config: dict[str, Any]) -> Optional[dict[str, Any]]:
     return shape
 
 
+def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
+    """``read_shape`` of a config.json file; None when it cannot be read or lacks a number."""
+    try:
+        return read_shape(json.loads(config_json.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def apply_checkpoint_shape(model: ModelSpec) -> tuple[Decision, ...]:
     """Set the (not yet frozen) ``model``'s numbers to its checkpoint's; a decision per number
     that changed (key ``model.<field>``, given: the group's value, so a saved config reads the
     checkpoint again). A config.json that cannot be read leaves the numbers as given (loading the
     model reports the checkpoint later, with its own message)."""
     f = config_file(model.path, model.revision)
-    if f is None:
-        return ()
-    try:
-        shape = read_shape(json.loads(f.read_text()))
-    except (OSError, ValueError):
-        return ()
+    shape = checkpoint_shape(f) if f is not None else None
     if shape is None:
         return ()
     out = []
@@ -100,11 +98,6 @@ def shape_line(spec: RunSpec) -> Optional[str]:
     """The plan's line for the numbers read from the checkpoint, or None."""
     read = [d for d in getattr(spec, "auto", ()) if d.key.startswith("model.") and d.key[6:] in FIELDS]
     if not read:
-        path = spec.model.path
-        if not path.startswith("builtin:") and not Path(path).expanduser().exists() and \
-                config_file(path, spec.model.revision) is None:
-            return (f"  shape from the model group {spec.model.name} ({path} is not in the HF cache yet: the run "
-                    "plans again with its config.json once it is fetched)")
         return None
     new = ", ".join(f"{d.key[6:]} {d.value}" for d in read)
     old = ", ".join(str(d.given) for d in read)

@@ -93,7 +93,7 @@ def test_a_cached_hub_snapshot_is_read_and_a_fetched_one_replans(tmp_path, monke
     ov = ["model=qwen2.5-0.5b", "hardware=1xh200", "algo=grpo", "model.path=acme/qwen-like"]
     before = make_spec(ov, tmp_path / "run")  # not cached yet: the group's numbers
     assert before.model.hidden == 896
-    assert "shape from the model group qwen2.5-0.5b (acme/qwen-like is not in the HF cache yet" in render_plan(before)
+    assert "planned with the model group's shape until then, and again with its config.json" in render_plan(before)
     write_cache(cache, "model", "acme/qwen-like", repo)
     cached = make_spec(ov, tmp_path / "run2")
     assert shape_of(cached.model) == read_shape(QWEN15)
