@@ -76,3 +76,30 @@ def test_feedback_tokens_are_masked(tmp_path, monkeypatch):  # no Ray: an in-pro
     for b, s in enumerate(samples):
         assert mask[b, : len(s.loss_mask)].tolist() == [float(m) for m in s.loss_mask]
     assert float(parts["env"][0]) == pytest.approx(float(scores[0]))
+
+
+def test_later_turns_sample_unseeded_when_the_run_is_unseeded(tmp_path, monkeypatch):
+    """vLLM runs leave requests unseeded by default (rollout.seeded auto; HF generate on CPU needs
+    seeds, so the unseeded Sampling is stood in here): the environment's later turns must then ask
+    for unseeded samples too, not index a seed that is not there."""
+    import dataclasses
+
+    import ray
+
+    from rlhf.envs import rollout as env_mod
+    from rlhf.rollout.generate import sampling_for
+    from rlhf.rollout.prompts import tokenize_prompts
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(env_mod, "sampling_for",
+                        lambda *a: dataclasses.replace(sampling_for(*a), seeds=()))  # as for vLLM
+    spec = make_spec(ENV + ["env.max_turns=2", "algo.group_size=2"], tmp_path / "x")
+    cl = _Cluster(spec)
+    asked = []
+    real = cl.rollout.workers[0].generate.remote
+    cl.rollout.workers[0].generate.remote = lambda ids, sampling: asked.append(sampling) or real(ids, sampling)
+    rows = [{"prompt": "key k3", "answer": "v?"}]
+    pids = tokenize_prompts(spec, cl.tok, rows)
+    first = real(pids, dataclasses.replace(sampling_for(spec, 0, 0, len(pids)), seeds=()))
+    samples, *_ = env_mod.env_rollout(spec, 0, rows, pids, cl.tok, cl, first)
+    assert len(samples) == 2 and asked and all(s.seeds == () for s in asked)
