@@ -43,18 +43,17 @@ def backbone_hidden(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
     kept to each example by ``cu_seq_lens`` (FlashAttention's varlen kernel on CUDA), so neither
     padding nor a ``T × T`` mask for packed rows is computed. Other models take the padded rows
     with their mask (``rlhf.data.sft.model_inputs``)."""
-    from rlhf.models.varlen import NAME
+    from rlhf.models.varlen import NAME, packed_kwargs
 
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(hf.config, "_attn_implementation", None) != NAME:
         return hf.base_model(**_inputs(model, mb), use_cache=False).last_hidden_state
     real = mb["seg"] >= 0
     ids, pos = mb["input_ids"][real], mb["position_ids"][real]  # row by row, in order
-    starts = torch.nonzero(pos == 0).flatten().tolist()  # every example starts at position 0
-    cu = torch.tensor([*starts, ids.numel()], dtype=torch.int32, device=ids.device)
-    longest = int((cu[1:] - cu[:-1]).max())
-    flat = hf.base_model(input_ids=ids[None], position_ids=pos[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                         max_length_q=longest, max_length_k=longest, use_cache=False).last_hidden_state[0]
+    starts = torch.nonzero(pos == 0).flatten()  # every example starts at position 0
+    cu = torch.cat([starts, starts.new_tensor([ids.numel()])])
+    packed = {"input_ids": ids[None], "position_ids": pos[None], "cu_seqlens": cu, "max_len": (cu[1:] - cu[:-1]).max()}
+    flat = hf.base_model(**packed_kwargs(packed, ids.device)).last_hidden_state[0]
     out = flat.new_zeros(*real.shape, flat.shape[-1])
     out[real] = flat
     return out
@@ -70,16 +69,18 @@ def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Te
     (``rlhf.algos.logprobs_from_hidden``, as in the RL passes): no ``[B, T, V]`` logits, and no
     head work for prompt tokens or padding."""
     from rlhf.algos import logprobs_from_hidden
+    from rlhf.workers.zero3 import equal_head_rows
 
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft keeps its LoRA layers
     keep = (mb["loss_mask"] if keep is None else keep).to(torch.bool).clone()
     keep[:, 0] = False
     hidden = backbone_hidden(model, mb)
     pred = keep[:, 1:]  # the hidden state at t - 1 predicts token t
-    lp, _ = logprobs_from_hidden(hidden[:, :-1][pred], hf.get_output_embeddings(), mb["input_ids"][:, 1:][pred],
-                                 vocab=hf.config.vocab_size, compile=compile)
+    head = hf.get_output_embeddings()
+    h, y, n = equal_head_rows(hidden[:, :-1][pred], mb["input_ids"][:, 1:][pred], head)
+    lp, _ = logprobs_from_hidden(h, head, y, vocab=hf.config.vocab_size, compile=compile)
     out = torch.zeros(keep.shape, dtype=lp.dtype, device=lp.device)
-    out[keep] = lp
+    out[keep] = lp[:n]
     return out
 
 

@@ -165,6 +165,13 @@ class _Model(Worker):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    @staticmethod
+    def _stand_in(packed: dict) -> dict:
+        """An empty micro-batch (a rank with fewer than the others) as a one-token pass: every rank
+        runs the same forwards, and under ZeRO-3 the same parameter gathers; its result is dropped."""
+        one = torch.zeros(1, dtype=torch.long)
+        return dict(packed, pred_index=one, targets=one)
+
     def _hidden(self, model, packed: dict) -> torch.Tensor:
         """The backbone's last hidden states of a packed micro-batch, ``[L, h]``."""
         from rlhf.models.varlen import packed_kwargs
@@ -175,13 +182,16 @@ class _Model(Worker):
         """Log-probs (and entropy) of a packed micro-batch's response tokens, flat ``[M]``,
         from the hidden states (rlhf.algos.logprobs_from_hidden: no [B, T, V] logits)."""
         from rlhf.algos import logprobs_from_hidden
+        from rlhf.workers.zero3 import equal_head_rows
 
         model = _hf_model(module)
         dev = self.torch_device()
         hidden = self._hidden(model, packed)[packed["pred_index"].to(dev)]
         head = model.get_output_embeddings()
-        return logprobs_from_hidden(hidden, head, packed["targets"].to(dev), self.temperature, with_entropy,
-                                    vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
+        hidden, targets, n = equal_head_rows(hidden, packed["targets"].to(dev), head)
+        lp, ent = logprobs_from_hidden(hidden, head, targets, self.temperature, with_entropy,
+                                       vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
+        return lp[:n], (ent[:n] if ent is not None else None)
 
     @torch.no_grad()
     def per_token(self, batch: Batch, fn) -> torch.Tensor:
@@ -189,9 +199,10 @@ class _Model(Worker):
         whole local batch, back in the padded layout ``[B, R]`` on the CPU (0 off the response)."""
         R = response_width(batch)
         out = torch.zeros(size(batch), R)
-        done = [(rows, p, fn(p).float()) for rows, p in self.packed_micro_batches(batch) if rows]
+        done = [(rows, p, fn(p if rows else self._stand_in(p)).float()) for rows, p in self.packed_micro_batches(batch)]
         for rows, p, flat in done:  # to the host after every pass is queued: no wait between passes
-            out[rows] = unpack(flat.cpu(), p, len(rows), R)
+            if rows:
+                out[rows] = unpack(flat.cpu(), p, len(rows), R)
         return out
 
     def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
@@ -340,8 +351,7 @@ class PolicyWorker(TrainedWorker):
             for i, (rows, p) in enumerate(packed):
                 self.engine.set_gradient_accumulation_boundary(i == len(packed) - 1)
                 if not rows:  # a rank with fewer micro-batches than another: zero gradient, same collectives
-                    lp, _ = self._token_logprobs(module, dict(p, pred_index=torch.zeros(1, dtype=torch.long),
-                                                                targets=torch.zeros(1, dtype=torch.long)))
+                    lp, _ = self._token_logprobs(module, self._stand_in(p))
                     self.engine.backward(lp.sum() * 0.0, scale_wrt_gas=False)
                     self.engine.step()
                     continue
@@ -578,7 +588,7 @@ class CriticWorker(TrainedWorker):
             for i, (rows, p) in enumerate(packed):
                 self.engine.set_gradient_accumulation_boundary(i == len(packed) - 1)
                 if not rows:  # zero gradient, the same collectives as the busier ranks
-                    v = self._values(dict(p, pred_index=torch.zeros(1, dtype=torch.long)))
+                    v = self._values(self._stand_in(p))
                     self.engine.backward(v.sum() * 0.0, scale_wrt_gas=False)
                     self.engine.step()
                     continue
@@ -647,10 +657,12 @@ class RewardModelWorker(ReferenceWorker):
         """One score per sample, from padding-free micro-batches (as every other RL pass)."""
         module = getattr(self.module, "module", self.module)  # a ZeRO-3 engine wraps it
         out = torch.zeros(size(batch))
+        # an empty micro-batch still runs (its one-token stand-in from pack): ZeRO-3's gathers match
         done = [(rows, packed_last_token_scores(module, p, self.torch_device()))
-                for rows, p in self.packed_micro_batches(batch) if rows]
+                for rows, p in self.packed_micro_batches(batch)]
         for rows, scores in done:  # read after every pass is queued
-            out[rows] = scores.cpu()
+            if rows:
+                out[rows] = scores.cpu()
         return out
 
 
