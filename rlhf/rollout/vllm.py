@@ -352,21 +352,26 @@ def _sampled_logprobs(lp: Any, ids: Sequence[int]) -> list[float]:
 # --------------------------------------------------------------------------- mismatch
 
 
+def mismatch_sums(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sums behind ``logprob_mismatch`` over the policy tokens, as float64 tensors on the inputs'
+    device (added up over micro-batches without reading them back): ``n`` tokens, ``abs`` = Σ|d|,
+    ``k3`` = Σ(exp(d) - 1 - d), ``max`` = max|d|, with d = trainer − rollout log-prob."""
+    keep = mask != 0
+    d = (trainer_logp.double() - rollout_logp.double()) * keep
+    return {"n": keep.sum().double(), "abs": d.abs().sum(), "k3": ((torch.exp(d.clamp(-20, 20)) - 1 - d) * keep).sum(),
+            "max": d.abs().max() if d.numel() else d.new_zeros(())}
+
+
 def logprob_mismatch(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """How far the rollout engine's sampled-token logprobs are from the trainer's recomputation
     over policy tokens: mean and max absolute difference, and the k3 estimate of KL(rollout||trainer)
     (tokens were sampled by the rollout engine)."""
-    keep = mask != 0
-    n = int(keep.sum())
+    s = mismatch_sums(rollout_logp, trainer_logp, mask)
+    n = float(s["n"])
     if n == 0:
         return {"mismatch/logp_abs_mean": 0.0, "mismatch/logp_abs_max": 0.0, "mismatch/kl_k3": 0.0}
-    d = (trainer_logp.double() - rollout_logp.double())[keep]
-    ratio = torch.exp(d.clamp(-20, 20))
-    return {
-        "mismatch/logp_abs_mean": float(d.abs().mean()),
-        "mismatch/logp_abs_max": float(d.abs().max()),
-        "mismatch/kl_k3": float((ratio - 1 - d).mean()),
-    }
+    return {"mismatch/logp_abs_mean": float(s["abs"]) / n, "mismatch/logp_abs_max": float(s["max"]),
+            "mismatch/kl_k3": float(s["k3"]) / n}
 
 
 # --------------------------------------------------------------------------- factory

@@ -521,19 +521,16 @@ class _StatSums:
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch
-        (the sums behind ``rlhf.rollout.vllm.logprob_mismatch``), weighted by its policy tokens."""
-        keep = mask != 0
-        n = keep.sum().double()
-        d = (trainer_logp.double() - rollout_logp.double()) * keep
-        ratio = torch.exp(d.clamp(-20, 20))
-        self.sums["mismatch/logp_abs_mean"] = self.sums.get("mismatch/logp_abs_mean", 0.0) + d.abs().sum()
-        self.sums["mismatch/kl_k3"] = self.sums.get("mismatch/kl_k3", 0.0) + ((ratio - 1 - d) * keep).sum()
-        for key in ("mismatch/logp_abs_mean", "mismatch/kl_k3"):
-            self.weights[key] = self.weights.get(key, 0.0) + n
-        key = "mismatch/logp_abs_max"
-        self.sums[key] = torch.maximum(torch.as_tensor(self.sums.get(key, 0.0), dtype=torch.float64,
-                                                       device=d.device), d.abs().max())
-        self.weights[key] = self.weights.get(key, 0.0) + n  # only whether any token was compared
+        (``rlhf.rollout.vllm.mismatch_sums``: the sums behind ``logprob_mismatch``)."""
+        from rlhf.rollout.vllm import mismatch_sums
+
+        m = mismatch_sums(rollout_logp, trainer_logp, mask)
+        top = torch.as_tensor(self.sums.get("mismatch/logp_abs_max", 0.0), dtype=torch.float64, device=m["max"].device)
+        for key, value in (("mismatch/logp_abs_mean", self.sums.get("mismatch/logp_abs_mean", 0.0) + m["abs"]),
+                           ("mismatch/kl_k3", self.sums.get("mismatch/kl_k3", 0.0) + m["k3"]),
+                           ("mismatch/logp_abs_max", torch.maximum(top, m["max"]))):
+            self.sums[key] = value
+            self.weights[key] = self.weights.get(key, 0.0) + m["n"]  # the max's: whether any token counted
 
     def result(self) -> Stats:
         out = {}
