@@ -76,9 +76,14 @@ def lean_driver(spec: RunSpec):
     collector's scans (``gc.freeze``), and on GPU runs the driver's torch uses one thread. The
     driver only coordinates there; its tensor work (collate, advantages) is a few ``[B, T]`` ops
     that a full OpenMP pool, competing for the cores with the engine and trainer processes, slows
-    down rather than speeds up."""
+    down rather than speeds up. Both are the process's: a job of a threaded sweep
+    (``hydra/launcher=parallel``) shares them with the other jobs and leaves them alone."""
     import gc
+    import threading
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     threads = torch.get_num_threads()
     gc.collect()
     gc.freeze()

@@ -24,11 +24,15 @@ from rlhf.workers.sync import make_transport
 from rlhf.workers.train import PolicyWorker, TrainedWorker
 
 
+# vLLM's sleep level 2 frees its weights as well as its KV cache: every step's sync rewrites them all
+SLEEP_LEVEL = 2
+
+
 class Schedule:
     """Moves the run's models between the generate and train phases; ``weights`` sends the
     trained policy to the rollout engines (``send() -> metrics``). Both phases return metrics."""
 
-    def __init__(self, spec: RunSpec, cluster: Any, weights: Any, sleep_level: int = 2) -> None:
+    def __init__(self, spec: RunSpec, cluster: Any, weights: Any) -> None:
         hybrid = spec.device == "cuda" and spec.rollout_engine == "vllm" and spec.layout.mode == "hybrid"
         self.weights = weights
         self.rollout = cluster.rollout
@@ -38,7 +42,6 @@ class Schedule:
         self.free_caches = hybrid
         self.sleep = hybrid and spec.placement.sleep_rollout
         self.offload = hybrid and spec.placement.offload_train_state
-        self.sleep_level = sleep_level
         if self.offload:  # generation comes first: DeepSpeed's states leave the device until the update
             _on_groups(self.trained, TrainedWorker.offload_train_states)
 
@@ -46,7 +49,7 @@ class Schedule:
         """After generation: vLLM sleeps, the trained models' states come back to the device."""
         out: dict[str, float] = {}
         if self.sleep:
-            out.update(_mean_dicts(self.rollout.call(RolloutWorker.engine_sleep, self.sleep_level)))
+            out.update(_mean_dicts(self.rollout.call(RolloutWorker.engine_sleep, SLEEP_LEVEL)))
         if self.offload:
             out.update(_on_groups(self.trained, TrainedWorker.reload_train_states))
         return out
@@ -55,8 +58,7 @@ class Schedule:
         """After the update: the rollout engines get the new weights and the device back."""
         out: dict[str, float] = {}
         if self.free_caches:  # the passes' cached activations go back to the device before vLLM wakes
-            groups = self.frozen if self.offload else self.trained + self.frozen
-            out.update(_on_groups(groups, PolicyWorker.release_cuda_cache))  # every model worker's
+            out.update(_on_groups(self.trained + self.frozen, PolicyWorker.release_cuda_cache))
         if self.sleep:
             out["time/wake_weights"] = max(self.rollout.call(RolloutWorker.engine_wake, ["weights"]))
         out.update(self.weights.send())

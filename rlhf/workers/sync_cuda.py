@@ -354,10 +354,10 @@ class TrainStates:
         return None  # everything
 
     def offload(self) -> dict[str, float]:
-        """Move parameters, gradients and optimizer states to host memory."""
+        """Move parameters, gradients and optimizer states to host memory. (The training phase's
+        peak is reported by the worker's ``release_cuda_cache``, which the schedule calls first.)"""
         t0 = time.perf_counter()
-        peak = torch.cuda.max_memory_reserved() / 2**30
-        out = {"memory/train_peak_reserved_gib": peak}
+        out = {}
         if self.zero_stage >= 1 and not self.offloaded:
             self.engine.offload_states(include=self._include())
             self.offloaded = True

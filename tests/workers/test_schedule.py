@@ -70,7 +70,10 @@ def test_hybrid_gpu_moves_memory_around_the_send_in_order(run):
     assert to_train == [("rollout", "engine_sleep", (2,)), ("actor", "reload_train_states", ()),
                         ("critic", "reload_train_states", ())]
     assert to_generate == [
-        ("reference", "release_cuda_cache", ()),  # the trained roles' caches go with their offload
+        # every model's cached activations go back before vLLM's weights wake (the trained roles'
+        # too: their offload comes only after the send)
+        ("actor", "release_cuda_cache", ()), ("critic", "release_cuda_cache", ()),
+        ("reference", "release_cuda_cache", ()),
         ("rollout", "engine_wake", (["weights"],)),
         ("actor", "gpu_sync_send", (512,)),
         ("actor", "offload_train_states", ()), ("critic", "offload_train_states", ()),
