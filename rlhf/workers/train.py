@@ -353,7 +353,7 @@ class PolicyWorker(TrainedWorker):
                 if not rows:  # a rank with fewer micro-batches than another: zero gradient, same collectives
                     lp, _ = self._token_logprobs(module, self._stand_in(p))
                     self.engine.backward(lp.sum() * 0.0, scale_wrt_gas=False)
-                    self.engine.step()
+                    self._step()
                     continue
                 mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
                 longest = max(longest, int(p["input_ids"].numel()))
@@ -362,9 +362,7 @@ class PolicyWorker(TrainedWorker):
                 ent = unpack(ent, p, len(rows), R)
                 terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
                 self.engine.backward(terms.loss, scale_wrt_gas=False)
-                if self.engine.is_gradient_accumulation_boundary():
-                    self.last_grad_norm = self._grad_norm()
-                self.engine.step()
+                self._step()
                 pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
                 for name, v in terms.stats.items():
                     stats.add(f"actor/{name}", v, terms.tokens)
@@ -394,15 +392,14 @@ class PolicyWorker(TrainedWorker):
         self.engine.train()
         module = self.engine.module
         sums: dict[str, float] = {}
-        gn = None
+        self.last_grad_norm = None
         for mb in micro_batches:
             loss, stats = objective(module, _to(mb, self.torch_device()))
             self.engine.backward(loss, scale_wrt_gas=False)
-            if self.engine.is_gradient_accumulation_boundary():
-                gn = self._grad_norm()
-            self.engine.step()
+            self._step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+        gn = self.last_grad_norm
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
         return sums
@@ -438,20 +435,21 @@ class PolicyWorker(TrainedWorker):
 
     last_grad_norm: Optional[float] = None
 
-    def _grad_norm(self) -> Optional[float]:
-        """Global gradient norm before clipping (DeepSpeed's own is only kept in some modes)."""
-        gn = self.engine.get_global_grad_norm()
-        if gn is not None:
-            return float(gn)
-        if self.spec.train.zero_stage >= 2:
-            return None  # gradients are partitioned; DeepSpeed reports the norm where it has it
-        # ZeRO 0/1: at the boundary DeepSpeed's backward has already averaged the gradients over
-        # the DP ranks, so this is the norm of the global gradient on every rank
-        sq = torch.zeros(())
-        for p in self.engine.module.parameters():
-            if p.grad is not None:
-                sq += p.grad.detach().float().pow(2).sum().cpu()
-        return float(sq.sqrt())
+    def _step(self) -> None:
+        """``engine.step()``; at an accumulation boundary also the step's global gradient norm
+        before clipping, into ``last_grad_norm``. DeepSpeed's ZeRO optimizers compute it while
+        stepping, so it is read after the step (before, it is the previous step's). A plain torch
+        optimizer (ZeRO-0) keeps none: the gradients, which DeepSpeed's backward has already
+        averaged over the data-parallel ranks, are summed before the step clears them."""
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        summed = None
+        if boundary and not hasattr(self.engine.optimizer, "_global_grad_norm"):
+            norms = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+            summed = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+        self.engine.step()
+        if boundary:
+            gn = self.engine.get_global_grad_norm()
+            self.last_grad_norm = float(gn) if gn is not None else summed
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks: what the

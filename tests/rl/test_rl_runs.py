@@ -43,6 +43,17 @@ def test_largest_packed_micro_batch_is_logged_within_the_budget(grpo_hybrid, tmp
     assert max(longest) > budget / 4, (longest, budget)
 
 
+def test_grad_norm_is_the_steps_own_under_zero2(grpo_hybrid, tmp_path):
+    """DeepSpeed's ZeRO optimizers compute the gradient norm while stepping: read after the step it
+    is this step's (before, it was the previous one's). Same seeds as the ZeRO-0 run, whose norm is
+    summed from the gradients themselves: the same figures."""
+    code, rows = run_rl(GRPO + ["train.steps=2", "train.zero_stage=2"], tmp_path / "z2")
+    assert code == 0
+    for step in range(2):
+        want, got = grpo_hybrid["rows"][step]["actor/grad_norm"], rows[step]["actor/grad_norm"]
+        assert want > 0 and math.isclose(got, want, rel_tol=1e-3), (step, got, want)
+
+
 def _same_metrics(a: list[dict], b: list[dict], n: int) -> None:
     keys = ["reward/mean", "reward/std", "response/length_mean", "kl/mean", "actor/pg_loss",
             "actor/entropy", "actor/grad_norm", "actor/clip_frac", "advantages/abs_mean"]
