@@ -146,7 +146,9 @@ def test_disaggregated_plan_figures_follow_the_doc(capsys):
     assert figure(out, "actor:", "actor grads") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 2 / 1e9, abs=0.051)  # 2 GPUs
-    assert figure(out, "reference:", "logits") == pytest.approx(14 * 2**26 / 1e9, abs=0.051)
+    # the reference's forward pass: one layer's activations and one chunk of logits, as in hybrid
+    assert figure(out, "reference:", "reference pass") == pytest.approx(doc_forward_pass(m, t), abs=0.051)
+    assert total(out, "reference:") == pytest.approx(2 * P / 2 / 1e9 + doc_forward_pass(m, t) + 2.0, abs=0.051)
     assert total(out, "actor:") == pytest.approx(
         (2 / N_actor + 2 / N_actor + 12 / N_actor + 6 / N_actor) * P / 1e9 + doc_zero_buffers(m, 3)
         + doc_activations(m, t, True) + doc_logprob(m, t) + 2.0, abs=0.051)
