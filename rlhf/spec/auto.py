@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import importlib.util
 
-from rlhf.spec.memory import FIT_MARGIN, HOST, TRAINING_FIGURES, Estimate, capacity, estimate
+from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
 
 AUTO = "auto"
-
-
-def _capacity(spec: RunSpec) -> float:
-    return spec.hardware.device_memory_gb * FIT_MARGIN
 
 
 def _what(name: str) -> str:
@@ -94,7 +90,7 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     # Preference: the first that fits. A sharded model over several ranks is faster than Adam on the
     # host, so every stage is tried without offload first. Nothing fits: the most saving one.
     candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)]
-    cap = _capacity(spec)
+    cap = capacity(spec, "training phase")  # every GPU figure's
     need: dict[tuple[int, bool], tuple[str, float, Estimate]] = {}
 
     def host_fits(est: Estimate) -> bool:
@@ -151,7 +147,7 @@ def _train_state(spec: RunSpec) -> list[Decision]:
     if not (pl.mode == "hybrid" and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
         pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
         return [Decision("placement.offload_train_state", AUTO, True, "")]
-    cap = _capacity(spec)
+    cap = capacity(spec, "generation phase")  # every GPU figure's
     pl.offload_train_state = False
     est = estimate(spec)
     gen = est.total("generation phase")

@@ -449,7 +449,7 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
         sharded += b * p_value
     fixed = sum(v for k, v in est.figures[name].items()
                 if not k.endswith(("weights", "grads", "optimizer", "optimizer step")))
-    room = spec.hardware.device_memory_gb * FIT_MARGIN - fixed
+    room = capacity(spec, name) - fixed
     return math.ceil(sharded / GB / room) if room > 0 else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -236,6 +237,22 @@ def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
     assert "the GPU has 141 GB" in out
     assert "hardware.devices_per_node=8 (fits" in out
     assert "→ a setting that fits: hardware.devices_per_node=8 placement.rollout.tensor_parallel=8" in out
+    assert out.rstrip().endswith("✗ does not fit (see above)")
+
+
+def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
+    """The fit margin is read in one place (rlhf.spec.memory.capacity): at half of a GPU usable the
+    auto choices, the plan's warnings and its verdict all measure against 40 of 80 GB."""
+    for module in ("rlhf.spec.auto", "rlhf.spec.plan", "rlhf.spec.advice"):
+        importlib.import_module(module)  # loaded before the margin changes, as any earlier plan would
+    monkeypatch.setattr(memory, "FIT_MARGIN", 0.5)
+    out = plan(capsys, *LLAMA8, "placement=hybrid")
+    assert "ZeRO-3 (auto: at ZeRO-2 the training phase needs" in out and "GB of 40 usable; ZeRO-3" in out
+    assert "optimizer offloaded (auto: Adam's state" in out  # 61 GB with Adam on the GPU: over 40
+    assert "the generation phase 48 GB of 40 usable)" in out
+    gpu = [l for l in out.splitlines() if l.startswith("✗ does not fit: the")]
+    assert [l.split(" needs")[0] for l in gpu] == ["✗ does not fit: the training phase", "✗ does not fit: the generation phase"]
+    assert all("(50% usable)" in l for l in gpu)
     assert out.rstrip().endswith("✗ does not fit (see above)")
 
 
