@@ -1,9 +1,13 @@
 """GPU kernel settings decided by the build. train.compile_logprobs: auto is on exactly for CUDA runs.
-model.liger_kernels: auto resolves to on only for CUDA runs with the package importable; true on
-CPU and a value outside auto/true/false are config errors naming the fix; an auto choice lets a
-model type Liger does not cover run without (an explicit true refuses it)."""
+model.liger_kernels: auto resolves to on only for CUDA runs with the package importable and, when
+the driver can read the checkpoint's model_type, only for a type Liger covers; true on CPU and a
+value outside auto/true/false are config errors naming the fix; an auto choice lets a model type
+Liger does not cover (or a worker without the package) run without (an explicit true refuses it).
+liger-kernel is not installed here: the package is a fake module with Liger's table of types."""
 
 import importlib.util
+import sys
+import types
 
 import pytest
 
@@ -35,6 +39,17 @@ def test_auto_follows_the_package_on_gpu(monkeypatch):
         spec = _spec(GPU)
         assert spec.model.liger_kernels is present
         assert ("is installed" if present else "is not installed") in _decision(spec).why
+
+
+def test_a_worker_without_the_package(monkeypatch):
+    """auto falls back with a log line; an explicit true names the package."""
+    from rlhf.models.load import apply_liger
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails as when it is not installed
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    assert apply_liger(model, required=False) is False
+    with pytest.raises(UserError, match="needs the liger-kernel package"):
+        apply_liger(model)
 
 
 def test_explicit_values_are_kept_and_checked():
