@@ -118,8 +118,11 @@ def _decisions(spec: RunSpec) -> list[str]:
         "placement.offload_train_state": lambda v: (
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
+        "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
     }
-    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
+    gpu_only = {"model.liger_kernels"}  # off on CPU, nothing to say
+    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ())
+            if d.why and d.key in shown and (d.key not in gpu_only or spec.hardware.accelerator == "cuda")]
 
 
 def render_plan(spec: RunSpec) -> str:
