@@ -197,13 +197,16 @@ def load_model(path: str, kind: str = "causal_lm", dtype: str = "float32", pad_t
 def apply_liger(model, required: bool = True) -> bool:
     """Liger's fused RMSNorm, SwiGLU and RoPE kernels in this model instance (``model.liger_kernels``).
     Its fused cross-entropy stays off: log-probs are computed by ``rlhf.algos.logprobs``.
-    ``required=False`` (the setting was auto): a model type Liger does not cover runs without; returns
-    whether the kernels were applied."""
+    ``required=False`` (the setting was auto): a model type Liger does not cover, or a process without
+    the package, runs without; returns whether the kernels were applied."""
     import inspect
 
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError:
+        if not required:
+            log.info("model.liger_kernels=auto: the liger-kernel package cannot be imported here; running without")
+            return False
         raise UserError("model.liger_kernels=true needs the liger-kernel package (pip install liger-kernel). "
                         "Install it or use model.liger_kernels=false.") from None
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -108,11 +108,6 @@ def _get_sections(sections: dict[str, Any], path: list[str]) -> Any:
     return obj
 
 
-def all_fit(spec: RunSpec, est: Optional[Estimate] = None) -> bool:
-    """Every GPU figure and the host figure fit (the plan's rule: rlhf.spec.memory.fits)."""
-    return fits(spec, est)
-
-
 def _figure(est: Estimate, name: str) -> float:
     """Figure ``name``'s GB in ``est`` (0 when the figure is gone)."""
     if name == HOST:
@@ -260,7 +255,7 @@ def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[str, ...
         options = suggestions(cur, est, failing[0])
         if not options:
             return None
-        pick = (next((s for s in options if all_fit(s.spec)), None) or next((s for s in options if s.fits), None)
+        pick = (next((s for s in options if fits(s.spec)), None) or next((s for s in options if s.fits), None)
                 or min(options, key=lambda s: s.total))
         for ov in pick.overrides:
             key, value = ov.split("=", 1)

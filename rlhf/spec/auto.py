@@ -12,7 +12,9 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
 - ``train.offload_optimizer`` auto: on only when the training figures do not fit with Adam's state
   on the GPU (it needs ZeRO >= 1).
 - ``model.liger_kernels`` auto: on for CUDA runs when the ``liger-kernel`` package can be imported
-  (the driver's environment is the workers'); a model type Liger does not cover then runs without.
+  (the driver's environment is the workers') and Liger covers the checkpoint's ``model_type``. A
+  type the driver cannot read yet (a Hub id not downloaded) is left to the workers: on, and a type
+  Liger does not cover then runs without.
 - ``train.compile_logprobs`` auto: on for CUDA runs (inductor's fused kernels for the LM head's
   chunk passes; measured 1.43× on the actor's forward+backward at 0.5B, BENCHMARKS §6).
 - ``placement.offload_train_state`` auto: in hybrid placement on GPUs, the training states stay on
@@ -23,14 +25,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from rlhf.spec.memory import FIT_MARGIN, HOST, TRAINING_FIGURES, Estimate, capacity, estimate
+from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
+from rlhf.spec.shape import model_type
 
 AUTO = "auto"
-
-
-def _capacity(spec: RunSpec) -> float:
-    return spec.hardware.device_memory_gb * FIT_MARGIN
 
 
 def _what(name: str) -> str:
@@ -58,10 +57,7 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
                             "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
     if spec.model.liger_kernels == AUTO:
-        spec.model.liger_kernels = (spec.hardware.accelerator == "cuda"
-                                    and importlib.util.find_spec("liger_kernel") is not None)
-        why = ("the liger-kernel package is installed" if spec.model.liger_kernels else
-               "CPU run" if spec.hardware.accelerator != "cuda" else "the liger-kernel package is not installed")
+        spec.model.liger_kernels, why = _liger(spec)
         out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))
     if spec.train.compile_logprobs == AUTO:
         spec.train.compile_logprobs = spec.hardware.accelerator == "cuda"
@@ -70,6 +66,25 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
     out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)
+
+
+def _liger(spec: RunSpec) -> tuple[bool, str]:
+    """``model.liger_kernels`` auto: (on, why)."""
+    if spec.hardware.accelerator != "cuda":
+        return False, "CPU run"
+    if importlib.util.find_spec("liger_kernel") is None:
+        return False, "the liger-kernel package is not installed"
+    kind = model_type(spec.model.path, spec.model.revision)
+    if kind is None:
+        return True, ("the liger-kernel package is installed; the model_type is not known before the download "
+                      "(a type Liger does not cover runs without)")
+    try:  # imported only here: it brings torch and Triton into the driver
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except Exception as e:  # noqa: BLE001 - a broken install: the workers could not use it either
+        return False, f"the liger-kernel package cannot be imported ({type(e).__name__})"
+    if kind in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return True, f"Liger has kernels for model_type={kind!r}"
+    return False, f"Liger has no kernels for model_type={kind!r}"
 
 
 def chosen(spec: RunSpec, key: str) -> bool:
@@ -94,7 +109,7 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     # Preference: the first that fits. A sharded model over several ranks is faster than Adam on the
     # host, so every stage is tried without offload first. Nothing fits: the most saving one.
     candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)]
-    cap = _capacity(spec)
+    cap = capacity(spec, "training phase")  # every GPU figure's
     need: dict[tuple[int, bool], tuple[str, float, Estimate]] = {}
 
     def host_fits(est: Estimate) -> bool:
@@ -151,7 +166,7 @@ def _train_state(spec: RunSpec) -> list[Decision]:
     if not (pl.mode == "hybrid" and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
         pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
         return [Decision("placement.offload_train_state", AUTO, True, "")]
-    cap = _capacity(spec)
+    cap = capacity(spec, "generation phase")  # every GPU figure's
     pl.offload_train_state = False
     est = estimate(spec)
     gen = est.total("generation phase")

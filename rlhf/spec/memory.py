@@ -206,11 +206,6 @@ def forward_pass_gb(m: ModelSpec, tokens: int, lm_head: bool = True) -> float:
     return (layer + logits) / GB
 
 
-def logits_gb(m: ModelSpec, tokens: int) -> float:
-    """A forward-only pass's logits: one chunk, FORWARD_CHUNK_BYTES_PER_LOGIT·min(t·V, LOGITS_CHUNK)."""
-    return FORWARD_CHUNK_BYTES_PER_LOGIT * min(tokens * m.vocab, LOGITS_CHUNK) / GB
-
-
 @dataclass
 class Estimate:
     """GB per device: ``figures[name][part]``. Hybrid names: "training phase", "generation phase";
@@ -342,7 +337,7 @@ def estimate(spec: RunSpec) -> Estimate:
         if critic:
             est.figures["critic"] = {**critic, **critic_work, **runtime}
         if reference:
-            est.figures["reference"] = {**reference, "logits": logits_gb(m, tokens), **runtime}
+            est.figures["reference"] = {**reference, "reference pass": forward_pass_gb(m, tokens), **runtime}
         if reward:
             est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, lm_head=False),
                                      **runtime}
@@ -454,7 +449,7 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
         sharded += b * p_value
     fixed = sum(v for k, v in est.figures[name].items()
                 if not k.endswith(("weights", "grads", "optimizer", "optimizer step")))
-    room = spec.hardware.device_memory_gb * FIT_MARGIN - fixed
+    room = capacity(spec, name) - fixed
     return math.ceil(sharded / GB / room) if room > 0 else 0
 
 

@@ -15,14 +15,14 @@ from typing import Any
 from rlhf.spec.advice import setting_that_fits, suggestions
 from rlhf.spec import memory
 from rlhf.spec.memory import (
-    FIT_MARGIN,
     HOST,
-    HOST_FIT_MARGIN,
     TRAINING_FIGURES,
     Estimate,
     estimate,
+    fits,
     lora_param_count,
     min_gpus,
+    over_limit,
     param_count,
 )
 from rlhf.spec.runspec import RunSpec
@@ -40,12 +40,6 @@ def _ranges(devs: tuple[int, ...]) -> str:
 def _parts(parts: dict[str, float]) -> str:
     shown = [f"{k} {v:.1f}" for k, v in parts.items() if v >= 0.05]
     return " + ".join(shown) or "0"
-
-
-def fits(spec: RunSpec, est: Estimate) -> bool:
-    """Every GPU figure and the host figure fit (rlhf.spec.memory.over_limit: the rule that the
-    build's ``auto`` choices and the advice use too)."""
-    return memory.fits(spec, est)
 
 
 def _advice(spec: RunSpec, est: Estimate, name: str) -> str:
@@ -70,25 +64,25 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
     out = []
     hw, lay = spec.hardware, spec.layout
     if hw.accelerator == "cuda":
-        cap = hw.device_memory_gb * FIT_MARGIN
-        for name, total in est.totals.items():
-            if total > cap:
+        over = over_limit(spec, est)
+        for name, total in over.items():
+            if name != HOST:
                 what = f"the {name}" if name.endswith("phase") else f"each {name} GPU"
                 out.append(
                     f"✗ does not fit: {what} needs ~{total:.0f} GB, the GPU has {hw.device_memory_gb:g} GB "
-                    f"({FIT_MARGIN:.0%} usable). {_advice(spec, est, name)}"
+                    f"({memory.FIT_MARGIN:.0%} usable). {_advice(spec, est, name)}"
                 )
-        if est.host and est.total(HOST) > memory.capacity(spec, HOST):
+        if HOST in over:
             big = max(est.host, key=est.host.get)
             out.append(
                 f"✗ does not fit: the host memory needs ~{est.total(HOST):.0f} GB per node "
                 f"(most of it {big}, {est.host[big]:.0f} GB), the node has {hw.host_memory_gb:g} GB "
-                f"({HOST_FIT_MARGIN:.0%} usable; hardware.host_memory_gb). {_advice(spec, est, HOST)}"
+                f"({memory.HOST_FIT_MARGIN:.0%} usable; hardware.host_memory_gb). {_advice(spec, est, HOST)}"
             )
         for name, parts in est.figures.items():
             weights = parts.get("vLLM weights", 0.0)
             share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-            if weights and weights >= share and est.total(name) <= cap:
+            if weights and weights >= share and name not in over:
                 out.append(
                     f"✗ vLLM's weights ({weights:.1f} GB per GPU at TP {lay.rollout_tp}) fill its whole share "
                     f"(rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization:g} × "
@@ -124,8 +118,11 @@ def _decisions(spec: RunSpec) -> list[str]:
         "placement.offload_train_state": lambda v: (
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
+        "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
     }
-    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
+    gpu_only = {"model.liger_kernels"}  # off on CPU, nothing to say
+    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ())
+            if d.why and d.key in shown and (d.key not in gpu_only or spec.hardware.accelerator == "cuda")]
 
 
 def render_plan(spec: RunSpec) -> str:

@@ -257,7 +257,8 @@ class ModelSpec(Frozen):
                                        "activation memory for about a third more compute.")
     liger_kernels: Any = doc("auto", "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
                              "training-side models (fewer elementwise passes, less activation memory). "
-                             "auto: on for CUDA runs when the liger-kernel package is installed.")
+                             "auto: on for CUDA runs when the liger-kernel package is installed and "
+                             "covers the model's model_type.")
     lora: LoraSpec = docf(LoraSpec, "LoRA adapters: rank > 0 trains adapters, not the policy's weights.")
 
 

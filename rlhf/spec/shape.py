@@ -1,6 +1,7 @@
 """The model's architecture numbers from its own ``config.json``, when the driver can read it
 before anything starts: a local checkpoint dir, or a Hub id whose snapshot is already in the HF
-cache (``rlhf.hub``; nothing is downloaded here).
+cache (``rlhf.hub``; nothing is downloaded here). ``model_type`` reads its transformers model type
+the same way (``model.liger_kernels=auto``, rlhf.spec.auto).
 
 The plan sizes memory and counts parameters from ``model.n_layers`` ... ``model.vocab``. A model
 group (``conf/model/*.yaml``) gives them for its own checkpoint; pointing ``model.path`` at another
@@ -75,6 +76,24 @@ def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
         return read_shape(json.loads(config_json.read_text()))
     except (OSError, ValueError):
         return None
+
+
+# rlhf.models.builtin builds a LlamaForCausalLM
+BUILTIN_MODEL_TYPE = "llama"
+
+
+def model_type(path: str, revision: Optional[str] = None) -> Optional[str]:
+    """The transformers ``model_type`` of ``model.path`` as far as this process can tell now:
+    ``BUILTIN_MODEL_TYPE`` for ``builtin:`` models, a readable config.json's ``model_type``, else None
+    (an uncached Hub id, a config.json without one)."""
+    if path.startswith("builtin:"):
+        return BUILTIN_MODEL_TYPE
+    f = config_file(path, revision)
+    try:
+        value = json.loads(f.read_text()).get("model_type") if f is not None else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def apply_checkpoint_shape(model: ModelSpec) -> tuple[Decision, ...]:

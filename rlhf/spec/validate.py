@@ -134,7 +134,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         p.append(f"hardware.nodes={hw.nodes}, hardware.devices_per_node={hw.devices_per_node}: both must be >= 1.")
         return p
     _lora_problems(p, s)
-    if _auto_bool(p, "model.liger_kernels", s["model"].liger_kernels, "on when the package is installed") \
+    if _auto_bool(p, "model.liger_kernels", s["model"].liger_kernels, "on when the package is installed and covers the model") \
             and s["model"].liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")

@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from rlhf.models import varlen  # noqa: E402
-from rlhf.spec.memory import ACT_BYTES_PER_LAYER  # noqa: E402
-from rlhf.spec.schema import ModelSpec  # noqa: E402
+from rlhf.models import varlen
+from rlhf.spec.memory import ACT_BYTES_PER_LAYER
+from rlhf.spec.schema import ModelSpec
 
 TOLERANCE = 0.01
 LENGTHS = (37, 120, 99)  # three packed samples

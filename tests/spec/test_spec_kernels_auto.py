@@ -1,9 +1,14 @@
 """GPU kernel settings decided by the build. train.compile_logprobs: auto is on exactly for CUDA runs.
-model.liger_kernels: auto resolves to on only for CUDA runs with the package importable; true on
-CPU and a value outside auto/true/false are config errors naming the fix; an auto choice lets a
-model type Liger does not cover run without (an explicit true refuses it)."""
+model.liger_kernels: auto resolves to on only for CUDA runs with the package importable and, when
+the driver can read the checkpoint's model_type, only for a type Liger covers; true on CPU and a
+value outside auto/true/false are config errors naming the fix; an auto choice lets a model type
+Liger does not cover (or a worker without the package) run without (an explicit true refuses it).
+liger-kernel is not installed here: the package is a fake module with Liger's table of types."""
 
 import importlib.util
+import json
+import sys
+import types
 
 import pytest
 
@@ -35,6 +40,70 @@ def test_auto_follows_the_package_on_gpu(monkeypatch):
         spec = _spec(GPU)
         assert spec.model.liger_kernels is present
         assert ("is installed" if present else "is not installed") in _decision(spec).why
+
+
+def _fake_liger(monkeypatch, types_covered):
+    """liger_kernel as importable, with ``MODEL_TYPE_TO_APPLY_LIGER_FN`` covering ``types_covered``."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
+    table = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    table.MODEL_TYPE_TO_APPLY_LIGER_FN = {t: lambda **kw: None for t in types_covered}
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, table.__name__, table)
+
+
+def _checkpoint(tmp_path, model_type):
+    d = tmp_path / model_type
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(d)
+
+
+def test_auto_follows_the_checkpoint_model_type(monkeypatch, tmp_path, capsys):
+    from rlhf.cli import main
+
+    _fake_liger(monkeypatch, ["qwen2", "llama"])
+    gpu = ["model=qwen2.5-0.5b", "hardware=1xh200"]
+    spec = _spec([*gpu, f"model.path={_checkpoint(tmp_path, 'qwen2')}"])
+    assert spec.model.liger_kernels is True and _decision(spec).why == "Liger has kernels for model_type='qwen2'"
+    uncovered = f"model.path={_checkpoint(tmp_path, 'gpt_neox')}"
+    spec = _spec([*gpu, uncovered])
+    assert spec.model.liger_kernels is False and _decision(spec).why == "Liger has no kernels for model_type='gpt_neox'"
+    assert main([*gpu, uncovered, "--plan"]) == 0
+    assert "  Liger kernels off (auto: Liger has no kernels for model_type='gpt_neox')" in capsys.readouterr().out.splitlines()
+    spec = _spec(["model.path=builtin:tiny", "hardware=1xh200"])
+    assert spec.model.liger_kernels is True and "model_type='llama'" in _decision(spec).why
+
+
+def test_the_builtin_model_type_is_the_built_checkpoints():
+    from rlhf.models.builtin import builtin_model_dir
+    from rlhf.spec.shape import BUILTIN_MODEL_TYPE, model_type
+
+    spec = _spec([])
+    assert model_type(str(builtin_model_dir("tiny", spec.model))) == BUILTIN_MODEL_TYPE == "llama"
+
+
+def test_auto_on_an_uncached_hub_model_follows_the_package(monkeypatch, tmp_path):
+    """The driver cannot know the type before the download: on, and the worker runs without when
+    Liger does not cover it."""
+    _fake_liger(monkeypatch, [])
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    spec = _spec(["model=qwen2.5-0.5b", "hardware=1xh200"])
+    assert spec.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and spec.model.liger_kernels is True
+    assert "model_type is not known before the download" in _decision(spec).why
+
+
+def test_a_worker_without_the_package(monkeypatch):
+    """auto falls back with a log line; an explicit true names the package."""
+    from rlhf.models.load import apply_liger
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails as when it is not installed
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    assert apply_liger(model, required=False) is False
+    with pytest.raises(UserError, match="needs the liger-kernel package"):
+        apply_liger(model)
 
 
 def test_explicit_values_are_kept_and_checked():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -146,7 +147,9 @@ def test_disaggregated_plan_figures_follow_the_doc(capsys):
     assert figure(out, "actor:", "actor grads") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 2 / 1e9, abs=0.051)  # 2 GPUs
-    assert figure(out, "reference:", "logits") == pytest.approx(14 * 2**26 / 1e9, abs=0.051)
+    # the reference's forward pass: one layer's activations and one chunk of logits, as in hybrid
+    assert figure(out, "reference:", "reference pass") == pytest.approx(doc_forward_pass(m, t), abs=0.051)
+    assert total(out, "reference:") == pytest.approx(2 * P / 2 / 1e9 + doc_forward_pass(m, t) + 2.0, abs=0.051)
     assert total(out, "actor:") == pytest.approx(
         (2 / N_actor + 2 / N_actor + 12 / N_actor + 6 / N_actor) * P / 1e9 + doc_zero_buffers(m, 3)
         + doc_activations(m, t, True) + doc_logprob(m, t) + 2.0, abs=0.051)
@@ -234,6 +237,22 @@ def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
     assert "the GPU has 141 GB" in out
     assert "hardware.devices_per_node=8 (fits" in out
     assert "→ a setting that fits: hardware.devices_per_node=8 placement.rollout.tensor_parallel=8" in out
+    assert out.rstrip().endswith("✗ does not fit (see above)")
+
+
+def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
+    """The fit margin is read in one place (rlhf.spec.memory.capacity): at half of a GPU usable the
+    auto choices, the plan's warnings and its verdict all measure against 40 of 80 GB."""
+    for module in ("rlhf.spec.auto", "rlhf.spec.plan", "rlhf.spec.advice"):
+        importlib.import_module(module)  # loaded before the margin changes, as any earlier plan would
+    monkeypatch.setattr(memory, "FIT_MARGIN", 0.5)
+    out = plan(capsys, *LLAMA8, "placement=hybrid")
+    assert "ZeRO-3 (auto: at ZeRO-2 the training phase needs" in out and "GB of 40 usable; ZeRO-3" in out
+    assert "optimizer offloaded (auto: Adam's state" in out  # 61 GB with Adam on the GPU: over 40
+    assert "the generation phase 48 GB of 40 usable)" in out
+    gpu = [l for l in out.splitlines() if l.startswith("✗ does not fit: the")]
+    assert [l.split(" needs")[0] for l in gpu] == ["✗ does not fit: the training phase", "✗ does not fit: the generation phase"]
+    assert all("(50% usable)" in l for l in gpu)
     assert out.rstrip().endswith("✗ does not fit (see above)")
 
 
