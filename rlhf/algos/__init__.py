@@ -9,7 +9,6 @@ use (``from rlhf.algos import compute_advantages``).
 _EXPORTS = {
     "advantages": (
         "AdvantageInputs",
-        "ESTIMATORS",
         "broadcast_to_tokens",
         "compute_advantages",
         "discounted_returns",
@@ -28,7 +27,6 @@ _EXPORTS = {
     "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty"),
     "logprobs": ("logprobs_from_hidden",),
     "losses": (
-        "AGG_MODES",
         "PolicyLossInputs",
         "aggregate",
         "aggregation_denominator",
