@@ -51,6 +51,7 @@ the package versions. Every figure also goes to results.jsonl (``bench.checks.re
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -308,6 +309,14 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
                "model.n_kv_heads=2"]
     ov += shlex.split(a.ours_extra)
     return ov
+
+
+def ours_metrics_name(a) -> str:
+    """The name our run's metrics are copied to under $OUT: the preset, the response length and a
+    tag of all our side's overrides (paths left out), so that runs with other settings (--kl,
+    --liger, --ours-tokens, --ours-extra, ...) do not overwrite each other's file."""
+    tag = hashlib.sha1(" ".join(ours_overrides(a, "", "", "")).encode()).hexdigest()[:8]
+    return f"e2e_ours_metrics_{a.preset}_{a.max_new}_{tag}.jsonl"
 
 
 def ours_rows(metrics: Path) -> list[dict]:
@@ -773,6 +782,8 @@ def report(a, res: dict) -> str:
         s = res[side]
         lines.append(f"{side}: {s.get('status', 'not run')}; steps {s.get('summary', {}).get('warmup_step_times', [])} "
                      f"(warm-up) {s.get('summary', {}).get('step_times', [])} (timed)")
+    if res["ours"].get("metrics_copy"):
+        lines.append(f"ours' per-step metrics: {res['ours']['metrics_copy']}")
     ev = {e.get("event"): e for e in res["trl"].get("events", [])}
     if "imported" in ev:
         lines.append("trl side: " + json.dumps(ev["imported"].get("versions")))
@@ -921,10 +932,11 @@ def run_ours(a, model: str, prompts_file: str, work: Path, timeout: float, sampl
 
     end = run_side("ours", cmd, child_env({}), timeout, work / "ours.log", done=done)
     rows = ours_rows(metrics)
-    if os.environ.get("OUT") and metrics.exists():  # the device call brings $OUT back: every metric of our run
-        shutil.copy(metrics, Path(os.environ["OUT"]) / f"e2e_ours_metrics_{a.preset}_{a.max_new}.jsonl")
     steps = [ours_step(r, samples) for r in rows]
     out = {"end": end, "steps": steps, "summary": summarize(steps, a.warmup), "first_step_s": first.get("t")}
+    if os.environ.get("OUT") and metrics.exists():  # the device call brings $OUT back: every metric of our run
+        out["metrics_copy"] = str(Path(os.environ["OUT"]) / ours_metrics_name(a))
+        shutil.copy(metrics, out["metrics_copy"])
     return with_status(out, len(steps), n, end, "ours")
 
 

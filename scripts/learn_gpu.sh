@@ -15,7 +15,8 @@ $PY -m rlhf.cli recipe=learn_sft_1xh200 $common || exit 1
 $PY -m rlhf.cli recipe=learn_grpo_1xh200 $common; g=$?
 $PY -m rlhf.cli recipe=learn_ppo_1xh200 $common; p=$?
 $PY -m bench.learn_report "$RLHF_LEARN_DIR" --margin 0.10 | tee "${OUT:-$RLHF_LEARN_DIR}/learn_report.txt"
+r=${PIPESTATUS[0]}  # the report's verdict (margin missed: non-zero), not tee's
 for run in sft grpo ppo; do
   [ -f "$RLHF_LEARN_DIR/$run/metrics.jsonl" ] && cp "$RLHF_LEARN_DIR/$run/metrics.jsonl" "${OUT:-$RLHF_LEARN_DIR}/learn_${run}_metrics.jsonl"
 done
-exit $(( g || p ))
+exit $(( g || p || r ))

@@ -6,10 +6,11 @@ and their metadata) is read by the torch-free spec. The names below load their m
 use (``from rlhf.algos import compute_advantages``).
 """
 
+import importlib
+
 _EXPORTS = {
     "advantages": (
         "AdvantageInputs",
-        "ESTIMATORS",
         "broadcast_to_tokens",
         "compute_advantages",
         "discounted_returns",
@@ -28,7 +29,6 @@ _EXPORTS = {
     "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty"),
     "logprobs": ("logprobs_from_hidden",),
     "losses": (
-        "AGG_MODES",
         "PolicyLossInputs",
         "aggregate",
         "aggregation_denominator",
@@ -50,10 +50,6 @@ def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from rlhf.algos import advantages, filters, kl, logprobs, losses, preference, shaping
-
-    modules = {"advantages": advantages, "filters": filters, "kl": kl, "logprobs": logprobs, "losses": losses,
-               "preference": preference, "shaping": shaping}
-    value = getattr(modules[home], name)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value

@@ -39,7 +39,6 @@ __all__ = [
     "broadcast_to_tokens",
     "masked_sum_rows",
     "AdvantageInputs",
-    "ESTIMATORS",
     "compute_advantages",
 ]
 
@@ -421,9 +420,6 @@ def dr_grpo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.
 def rloo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """:func:`rloo_advantages` on the folded scores, on every policy token."""
     return broadcast_to_tokens(rloo_advantages(_folded_scores(x, "rloo"), x.group_size), x.mask), None
-
-
-ESTIMATORS: Tuple[str, ...] = ADVANTAGE_ESTIMATORS.builtin_names()
 
 
 @torch.no_grad()

@@ -31,7 +31,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 # logits (chunk rows × vocabulary) computed at once: 2^26 float32 values are 256 MB; on a GPU
-# 2^28 (1 GB), so that a 150k vocabulary still gets chunks of ~1,800 rows (fewer, larger matmuls)
+# 2^28 (1 GB), so that a 150k vocabulary still gets chunks of ~1,800 rows (fewer, larger matmuls).
+# A bf16 chunk's eager working set: its logits (2 B per logit), one float32 copy (4 B; 8 B in a
+# backward with an entropy gradient) and the bf16 gradient (2 B)
 CHUNK_ELEMENTS = 1 << 26
 CUDA_CHUNK_ELEMENTS = 1 << 28
 
@@ -75,6 +77,7 @@ class _LinearLogprobs(torch.autograd.Function):
             if with_entropy:
                 ez[s:s + rows] = ez_c
         ctx.save_for_backward(hidden, weight, tokens, lse, ez)
+        ctx.set_materialize_grads(False)  # an unused entropy gets None, not zeros: its term is skipped
         ctx.tau, ctx.rows, ctx.with_entropy, ctx.compile = tau, rows, with_entropy, compile
         return logp, ((lse - ez) if with_entropy else None)
 
@@ -88,12 +91,13 @@ class _LinearLogprobs(torch.autograd.Function):
         d_hidden = torch.empty_like(hidden) if need_h else None
         d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
-        e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else torch.zeros_like(lse)
+        e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else None
         grad = _kernel(_chunk_grad, hidden, ctx.compile)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
             sl = slice(s, s + rows)
-            dz = grad(h @ weight.t(), tokens[sl], lse[sl], ez[sl], g_logp[sl], e_all[sl], tau)
+            e, ez_c = (None, None) if e_all is None else (e_all[sl], ez[sl])
+            dz = grad(h @ weight.t(), tokens[sl], lse[sl], ez_c, g_logp[sl], e, tau)
             if need_h:
                 d_hidden[s:s + rows] = (dz @ weight).to(hidden.dtype)
             if need_w:  # the chunk's product in the weights' dtype, summed in float32
@@ -103,22 +107,40 @@ class _LinearLogprobs(torch.autograd.Function):
 
 def _chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_entropy: bool):
     """A chunk's ``(logp, lse, E_p[z])`` from its logits in the head's dtype (``z`` = logits / tau,
-    in float32 or wider)."""
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / tau
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(1, tokens[:, None]).squeeze(1) - lse
-    ez = (torch.exp(z - lse[:, None]) * z).sum(-1) if with_entropy else None
-    return logp, lse, ez
+    in float32 or wider). Works in place on one float32 copy of the chunk (a chunk is up to 1 GiB
+    of float32): float32 ``logits`` are overwritten."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if tau != 1.0:
+        z.div_(tau)
+    m = z.amax(-1, keepdim=True)
+    z_y = z.gather(1, tokens[:, None]).squeeze(1)
+    q = z.sub_(m).exp_()  # exp(z - max): the unnormalised softmax
+    s = q.sum(-1)
+    m = m.squeeze(1)
+    lse = s.log().add_(m)
+    # E_p[z] = max + sum q log q / s: q log q in place needs no second chunk-sized tensor
+    ez = q.xlogy_(q).sum(-1).div_(s).add_(m) if with_entropy else None
+    return z_y - lse, lse, ez
 
 
 def _chunk_grad(logits, tokens, lse, ez, g, e, tau: float):
     """``d loss / d logits`` of a chunk, in the logits' dtype:
-    ``(-p (g + e (z - E_p[z])) + onehot(y) g) / tau``."""
-    z = logits.to(lse.dtype) / tau
-    p = torch.exp(z - lse[:, None])
-    dz = -p * (g[:, None] + e[:, None] * (z - ez[:, None]))
-    dz = dz.scatter_add(1, tokens[:, None], g[:, None])
-    return (dz / tau).to(logits.dtype)
+    ``(-p (g + e (z - E_p[z])) + onehot(y) g) / tau``; ``(onehot(y) - p) g / tau`` when there is no
+    entropy gradient (``e`` and ``ez`` None). In place on one float32 copy of the chunk (two with
+    an entropy gradient): float32 ``logits`` are overwritten."""
+    z = logits.to(lse.dtype)
+    if tau != 1.0:
+        z.div_(tau)
+    if e is None:
+        dz = z.sub_(lse[:, None]).exp_().mul_(-g[:, None])
+    else:
+        p = (z - lse[:, None]).exp_()
+        dz = z.sub_(ez[:, None]).mul_(e[:, None]).add_(g[:, None]).mul_(p).neg_()
+        del p
+    dz.scatter_add_(1, tokens[:, None], g[:, None])
+    if tau != 1.0:
+        dz.div_(tau)
+    return dz.to(logits.dtype)
 
 
 _compiled: dict = {}

@@ -50,7 +50,6 @@ __all__ = [
     "PolicyLossInputs",
     "clipped_policy_loss",
     "value_loss",
-    "AGG_MODES",
     "aggregation_denominator",
     "aggregate",
     "micro_batch_loss",
@@ -305,8 +304,6 @@ def value_loss(
 # aggregation
 # --------------------------------------------------------------------------------------
 
-AGG_MODES = LOSS_AGGREGATIONS
-
 MaskOrMasks = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
@@ -326,8 +323,8 @@ def aggregation_denominator(
     micro-batches. The value is additive over disjoint shards: with data
     parallelism, compute it on each rank and all-reduce with SUM.
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {LOSS_AGGREGATIONS}")
     masks = [mask] if isinstance(mask, torch.Tensor) else list(mask)
     if mode == "token_mean":
         return float(sum(int((m != 0).sum().item()) for m in masks))
@@ -357,8 +354,8 @@ def aggregate(
     it is computed from this ``mask`` (i.e. this batch is the whole batch). A zero
     denominator gives a zero loss.
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {LOSS_AGGREGATIONS}")
     keep = mask != 0
     pt = torch.where(keep, per_token, torch.zeros_like(per_token))
     if mode == "seq_mean_token_mean":

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rlhf.algos.advantages import (
-    ESTIMATORS,
     broadcast_to_tokens,
     compute_advantages,
     discounted_returns,
@@ -22,6 +21,7 @@ from rlhf.algos.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
+from rlhf.algos.registry import ADVANTAGE_ESTIMATORS
 
 from tests import helpers
 
@@ -397,7 +397,7 @@ def test_compute_advantages_all_estimators():
 
     kw = dict(scores=s, token_rewards=kl_r, values=v, mask=m, group_size=n, gamma=0.98, lam=0.9)
     seen = set()
-    for est in ESTIMATORS:
+    for est in ADVANTAGE_ESTIMATORS.builtin_names():
         adv, ret = compute_advantages(est, **kw)
         seen.add(est)
         assert adv.shape == (B, T)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rlhf.algos.losses import (
-    AGG_MODES,
     aggregate,
     aggregation_denominator,
     micro_batch_loss,
@@ -16,6 +15,7 @@ from rlhf.algos.losses import (
     token_logprobs,
     value_loss,
 )
+from rlhf.algos.registry import LOSS_AGGREGATIONS
 
 from tests import helpers
 
@@ -97,7 +97,7 @@ def grads(model):
 SPLITS = [(0, 3), (3, 4), (4, 8), (8, 11)]
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
 def test_whole_batch_matches_reference(mode):
     batch = make_batch()
     model = Model()
@@ -118,7 +118,7 @@ def test_denominators():
     assert aggregation_denominator(m, "seq_mean_token_sum_norm", max_response_length=100) == 900
     # additive over shards / lists of micro-batch masks
     parts = [rows({"m": m}, lo, hi)["m"] for lo, hi in SPLITS]
-    for mode in AGG_MODES:
+    for mode in LOSS_AGGREGATIONS:
         whole = aggregation_denominator(m, mode, max_response_length=T)
         assert aggregation_denominator(parts, mode, max_response_length=T) == whole
         assert sum(aggregation_denominator(p, mode, max_response_length=T) for p in parts) == whole
@@ -129,7 +129,7 @@ def test_denominators():
         aggregation_denominator(m, "sum")
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
 def test_gradient_accumulation_equals_whole_batch(mode):
     batch = make_batch()
     whole_model, acc_model = Model(), Model()
@@ -156,7 +156,7 @@ def test_gradient_accumulation_equals_whole_batch(mode):
         assert abs(naive.item() - whole.item()) > 1e-6
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
 @pytest.mark.parametrize("world", [2, 3])
 def test_data_parallel_with_grad_averaging_equals_whole_batch(mode, world):
     batch = make_batch(seed=1)

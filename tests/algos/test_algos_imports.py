@@ -10,6 +10,7 @@ FORBIDDEN = {"ray", "deepspeed", "vllm", "hydra", "omegaconf", "transformers", "
 ALLOWED = {"torch", "math", "typing", "__future__", "dataclasses", "collections", "rlhf"}
 # the registry imports the modules named in algo.plugins, and the built-ins' modules on first use
 ALLOWED_IN = {"registry.py": {"importlib", "<importlib.import_module>"},
+              "__init__.py": {"importlib", "<importlib.import_module>"},  # a name's home module on first use
               "logprobs.py": {"warnings"}}  # the compile-fallback warning
 
 
@@ -58,6 +59,17 @@ def test_registry_and_package_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ALGOS_DIR.parents[1]).stdout
     assert out.strip() == "False"
+
+
+def test_package_name_loads_only_its_home_module():
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlhf.algos import logprobs_from_hidden; "
+            "print(sorted(m for m in sys.modules if m.startswith('rlhf.algos.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ALGOS_DIR.parents[1]).stdout
+    assert out.strip() == "['rlhf.algos.logprobs']"
 
 
 def test_scanner_detects_forbidden(tmp_path):

@@ -53,19 +53,25 @@ def test_values_match_float64_loops(tau, chunk, wrapped):
 
 
 @pytest.mark.parametrize("wrapped", [False, True])  # written-out backward / checkpointed autograd
-@pytest.mark.parametrize("entropy_grad", [True, False])
-def test_gradients_match_full_softmax_autograd(wrapped, entropy_grad):
-    """Chunked gradients equal autograd through the full float64 softmax."""
+@pytest.mark.parametrize("grads", ["both", "logp", "entropy", "no_entropy"])
+def test_gradients_match_full_softmax_autograd(wrapped, grads):
+    """Chunked gradients equal autograd through the full float64 softmax: with gradients from
+    log-probs and entropy, from either alone (the other output unused), and without entropy."""
     g = torch.Generator().manual_seed(1)
     h = torch.randn(9, 6, generator=g, dtype=torch.float64, requires_grad=True)
     linear = torch.nn.Linear(6, 13, bias=False).double()
     head = _WrappedHead(linear) if wrapped else linear
     y = torch.randint(0, 13, (9,), generator=g)
     a, b = torch.randn(9, generator=g, dtype=torch.float64), torch.randn(9, generator=g, dtype=torch.float64)
-    if not entropy_grad:
+    if grads in ("logp", "no_entropy"):
         b = torch.zeros_like(b)
-    lp, ent = logprobs_from_hidden(h, head, y, 0.8, with_entropy=True, chunk_elements=13 * 2)
-    ((a * lp + b * ent) if entropy_grad else a * lp).sum().backward()
+    if grads == "entropy":
+        a = torch.zeros_like(a)
+    lp, ent = logprobs_from_hidden(h, head, y, 0.8, with_entropy=grads != "no_entropy", chunk_elements=13 * 2)
+    assert (ent is None) == (grads == "no_entropy")
+    loss = {"both": lambda: a * lp + b * ent, "logp": lambda: a * lp, "no_entropy": lambda: a * lp,
+            "entropy": lambda: b * ent}[grads]()
+    loss.sum().backward()
     g_h, g_w = h.grad.clone(), linear.weight.grad.clone()
     h.grad, linear.weight.grad = None, None
     z = linear(h) / 0.8

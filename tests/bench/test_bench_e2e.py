@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(300)
 def test_e2e_bench_runs_our_side_and_reports_each_pass(rl_env, tmp_path):
-    env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1")
+    (tmp_path / "out").mkdir()
+    env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1", OUT=str(tmp_path / "out"))
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, "-m", "bench.e2e_trl", "--cpu-test", "--sides", "ours", "--kl", "0.001",
                         "--max-new", "8", "--warmup", "1", "--steps", "2", "--ours-extra", "algo.tis_cap=2",
@@ -30,3 +31,19 @@ def test_e2e_bench_runs_our_side_and_reports_each_pass(rl_env, tmp_path):
     passes = re.search(r"^ours, passes: reference ([0-9.]+) s, old log-prob pass ([0-9.]+) s", out, re.M)
     assert passes, out[-3000:]
     assert re.search(r"^ours: ok, \d+ steps", out, re.M), out[-3000:]
+    copied = re.search(r"^ours' per-step metrics: (\S+)$", out, re.M)
+    assert copied and Path(copied.group(1)).parent == tmp_path / "out", out[-3000:]
+    assert Path(copied.group(1)).read_text().strip(), out[-3000:]
+
+
+def test_metrics_copy_name_follows_the_settings():
+    """Runs with other overrides get other metrics files; the scratch dir does not count."""
+    from bench.e2e_trl import ours_metrics_name, parse_args
+
+    base = ["--preset", "qwen2.5-0.5b", "--max-new", "256"]
+    name = ours_metrics_name(parse_args(base))
+    assert re.fullmatch(r"e2e_ours_metrics_qwen2\.5-0\.5b_256_[0-9a-f]{8}\.jsonl", name)
+    assert ours_metrics_name(parse_args(base + ["--work", "/tmp/elsewhere"])) == name
+    others = {ours_metrics_name(parse_args(base + extra)) for extra in (
+        ["--kl", "0.001"], ["--liger", "true"], ["--ours-tokens", "16384"], ["--ours-extra", "algo.tis_cap=2"])}
+    assert name not in others and len(others) == 4
