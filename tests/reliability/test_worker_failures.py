@@ -65,14 +65,16 @@ def _stand_in_class():
 
             import torch.distributed as dist
 
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                                    timeout=datetime.timedelta(seconds=1))
+            # the rendezvous with torch's default timeout (the other rank may still be importing
+            # torch); the collective under test in a group of its own with a 1 s timeout
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+            self.group = dist.new_group(timeout=datetime.timedelta(seconds=1))
 
         def all_reduce(self) -> None:
             import torch
             import torch.distributed as dist
 
-            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1), group=self.group)
 
     return ray.remote(num_cpus=0)(StandIn)
 
