@@ -10,7 +10,9 @@ The interface every engine implements (``rlhf.rollout.hf.HFEngine`` on CPU,
         (``log_softmax(logits / temperature)``, before top-k/top-p truncation) and the finish reason
         ("stop" | "length").
     engine.load_weights(named_tensors: dict[str, Tensor])   # weight sync after each update
-    engine.sleep() / engine.wake_up()                       # free memory between phases (no-op on CPU)
+
+A vLLM engine also sleeps and wakes between phases and loads weights over CUDA IPC or NCCL (its own
+methods, called by ``rlhf.workers.schedule`` and ``rlhf.workers.sync_cuda`` on GPU runs only).
 
 Determinism: ``sampling.seeds[i]`` seeds prompt i; sample j of prompt i draws from its own
 ``torch.Generator`` seeded with ``seeds[i] * 1_000_003 + j``. So the same prompt with the same seed
@@ -50,7 +52,3 @@ class RolloutEngine(Protocol):
     def generate(self, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[Sample]: ...
 
     def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None: ...
-
-    def sleep(self) -> None: ...
-
-    def wake_up(self) -> None: ...

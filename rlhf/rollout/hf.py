@@ -36,12 +36,6 @@ class HFEngine:
         if unexpected:
             raise RuntimeError(f"weight sync: unexpected parameters {unexpected[:5]}")
 
-    def sleep(self) -> None:  # nothing to free on CPU
-        pass
-
-    def wake_up(self) -> None:
-        pass
-
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[Sample]:
         rows = [(i, j) for i in range(len(prompt_token_ids)) for j in range(sampling.n)]

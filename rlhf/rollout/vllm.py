@@ -253,12 +253,6 @@ class VLLMEngine:
             })
         return out
 
-    def engine_sleep(self, level: int = 1) -> dict[str, float]:
-        return self.sleep(level)
-
-    def engine_wake(self, tags: Optional[Sequence[str]] = None) -> float:
-        return self.wake_up(tags)
-
     def wake_up(self, tags: Optional[Sequence[str]] = None) -> float:
         """Reallocate: ``["weights"]`` before a weight sync, then ``["kv_cache"]``; None = all."""
         t0 = time.perf_counter()
@@ -281,9 +275,6 @@ class VLLMEngine:
         transports in ``rlhf.workers.sync_cuda`` are the fast path; this one suits small models."""
         self.llm.collective_rpc("rlhf_load_tensors", args=(list(named_tensors.items()),))
         self.reset_prefix_cache()
-
-    def gpu_uuids(self) -> list[str]:
-        return self.llm.collective_rpc("rlhf_gpu_uuid")
 
     def load_ipc(self, handles: dict, metas: list) -> float:
         """One bucket through CUDA IPC; returns the slowest worker's seconds."""

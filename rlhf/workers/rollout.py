@@ -52,12 +52,6 @@ class RolloutWorker(Worker):
     def load_weights(self, named_tensors: dict) -> None:
         self.engine.load_weights(named_tensors)
 
-    def sleep(self) -> None:
-        self.engine.sleep()
-
-    def wake_up(self) -> None:
-        self.engine.wake_up()
-
     # -- a vLLM engine's: GPU weight sync (rlhf.workers.sync_cuda) and sleep mode (rlhf.workers.schedule)
     def load_ipc(self, handles: dict, metas: list) -> float:
         return self.engine.load_ipc(handles, metas)

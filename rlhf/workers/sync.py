@@ -13,7 +13,6 @@ the update and the next generation; ``make_transport`` picks it from the spec:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rlhf.spec.runspec import RunSpec
@@ -22,8 +21,6 @@ from rlhf.workers.train import PolicyWorker
 
 
 class ObjectStoreTransport:
-    name = "object_store"
-
     def __init__(self, actor_group, rollout_group):
         self.actor = actor_group
         self.rollout = rollout_group
@@ -54,17 +51,13 @@ class CudaTransport:
     way around the send is ``rlhf.workers.schedule``'s job.
     """
 
-    name = "cuda"
-
     def __init__(self, cluster: Any, bucket_mb: int = 512) -> None:
         import ray
 
         self.actor = cluster.actor
         self.engines = list(cluster.rollout.workers)
         self.bucket_mb = bucket_mb
-        t0 = time.perf_counter()
         ray.get(self.actor.call_async(PolicyWorker.gpu_sync_setup, self.engines))
-        self.setup_seconds = time.perf_counter() - t0
 
     def send(self) -> dict[str, float]:
         """Every actor rank sends (ZeRO-3 gathers are collective); rank 0's figures, as ``sync/*``."""
