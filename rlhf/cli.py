@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choices, describe, group_options,
+from rlhf.config import (EXIT_USER, GROUPS, build_spec, compose, default_choices, describe, group_options,
                          resume_dir, resume_spec, run_dir_for)
 from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
 from rlhf.run import check_before_run, execute
@@ -211,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(e.render(), file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_USER
     if spec.mode == "plan":
         return execute(spec)
     return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.config import build_spec, check_group_choices, compose, parse_overrides, stamped, unique_dir
-from rlhf.config.exits import EXIT_CONFIG
+from rlhf.config.exits import EXIT_USER
 from rlhf.run import execute
 from rlhf.spec.errors import SpecError
 from rlhf.spec.runspec import RunSpec
@@ -374,7 +374,7 @@ class _Sweep:
     def _failed(self, job: Job, result: JobResult, e: BaseException) -> None:
         out = result.output_dir or "."
         if isinstance(e, SpecError):
-            result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
+            result.exit_code, result.error = EXIT_USER, " ".join(e.problems)
             print(e.render(), file=sys.stderr)
             return
         result.error = f"{type(e).__name__}: {e}"
@@ -496,7 +496,7 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
                 results.append(JobResult(job.index, job.overrides, "ok" if code == 0 else "failed", code))
             except SpecError as e:
                 print(e.render())
-                results.append(JobResult(job.index, job.overrides, "failed", EXIT_CONFIG, " ".join(e.problems)))
+                results.append(JobResult(job.index, job.overrides, "failed", EXIT_USER, " ".join(e.problems)))
         print(summarize(results, None))
         return 0 if all(r.status == "ok" for r in results) else 1
 

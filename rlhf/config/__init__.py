@@ -15,14 +15,14 @@ neither of them, nor the Hydra app (``rlhf.hydra_app``) that runs a job.
 from rlhf.config.build import build_spec, changes_from_defaults, resume_dir, resume_spec
 from rlhf.config.composition import compose, hydra_message
 from rlhf.config.describe import describe
-from rlhf.config.exits import EXIT_CONFIG, EXIT_FAILURE, EXIT_INTERRUPT, EXIT_OK, EXIT_TERMINATED, EXIT_USER
+from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.config.groups import (GROUPS, INTERNAL_GROUPS, default_choices, group_choices, group_options,
                                 register_configs)
 from rlhf.config.overrides import check_group_choices, parse_overrides
 from rlhf.config.rundir import run_dir_for, stamped, unique_dir
 
 __all__ = [
-    "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_OK", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
+    "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
     "INTERNAL_GROUPS", "build_spec", "changes_from_defaults", "check_group_choices", "compose",
     "default_choices", "describe", "group_choices", "group_options", "hydra_message", "parse_overrides",
     "register_configs", "resume_dir", "resume_spec", "run_dir_for", "stamped", "unique_dir",
