@@ -212,18 +212,18 @@ def is_hydra_override(o: str) -> bool:
 
 
 def expand(overrides: Sequence[str]) -> list[Job]:
-    """The jobs of a grid sweep: the cartesian product of the comma-separated values, in the order
-    of Hydra's basic sweeper (the first override varies slowest)."""
-    import itertools
+    """The jobs of a grid sweep, as Hydra's basic sweeper makes them (the cartesian product of the
+    comma-separated values, the first override varying slowest; a key given twice: the last wins).
+    Raises SpecError for a sweep the basic sweeper cannot enumerate (an interval)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    choices = []
-    for ov in parse_overrides([o for o in overrides if not is_hydra_override(o)]):
-        key = ov.get_key_element()
-        if ov.is_sweep_override():
-            choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
-        else:
-            choices.append([f"{key}={ov.get_value_element_as_str()}"])
-    return [Job(i, list(combo)) for i, combo in enumerate(itertools.product(*choices))]
+    parsed = parse_overrides([o for o in overrides if not is_hydra_override(o)])
+    bad = [ov.input_line for ov in parsed if ov.is_sweep_override() and not ov.is_discrete_sweep()]
+    if bad:
+        raise SpecError([f"{b}: the basic sweeper runs lists (a,b,c) and range(); an interval needs a search: "
+                         f"rlhf-run -m hydra/sweeper=optuna {b}" for b in bad])
+    combos = BasicSweeper.split_arguments(parsed, None)[0]
+    return [Job(i, list(combo)) for i, combo in enumerate(combos)]
 
 
 def sweeper_of(overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> tuple[str, Any]:
