@@ -166,7 +166,32 @@ def parse_args(argv: Sequence[str]) -> Args:
             ])
         else:
             args.overrides.append(a)
+    _check_hydra_flags(args)
     return args
+
+
+def _check_hydra_flags(args: Args) -> None:
+    """Hydra's flags that only mean something in one mode are refused outside it (SpecError), not
+    dropped: a run or a sweep hands Hydra the overrides only."""
+    from rlhf.spec.errors import SpecError
+
+    flags = args.hydra_flags
+    problems = []
+    if "--experimental-rerun" in flags:
+        problems.append("--experimental-rerun: rlhf-run builds every run from its config, not from Hydra's pickled "
+                        "job; rerun a run's saved config with rlhf-run -cp <run dir> -cn config.")
+    if "--cfg" not in flags:
+        for flag, what in (("--resolve", "interpolations resolved"), ("--package/-p", "only that part, e.g. -p algo")):
+            if flag.split("/")[0] in flags:
+                problems.append(f"{flag} works only with --cfg job|hydra|all (print the composed config, {what}).")
+    if "--run" in flags:
+        other = next((f for f in ("--cfg", "--info", "--shell-completion") if f in flags),
+                     "-m/--multirun" if args.multirun else None)
+        if other:
+            problems.append(f"-r/--run (a single run, the default) does not go with {other}: drop -r.")
+        flags.remove("--run")  # a single run is what rlhf-run does without it
+    if problems:
+        raise SpecError(problems)
 
 
 

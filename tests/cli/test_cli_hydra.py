@@ -70,14 +70,26 @@ def test_cfg_hydra_package_resolve_and_info(capsys):
     (["hydra/launcher=joblib", "--plan"], ["hydra/launcher 'joblib' not found", "submitit_slurm",
                                            "pip install hydra-joblib-launcher"]),
     (["-m", "hydra/sweeper=optuna", "algo.lrr=interval(1e-6,1e-3)", "--plan"], ["algo.lrr is not a config key"]),
+    # Hydra's flags of one mode are refused in the others, not dropped
+    (["--experimental-rerun", "x.pickle", "--plan"], ["--experimental-rerun", "rlhf-run -cp <run dir> -cn config"]),
+    (["--resolve", "--plan"], ["--resolve works only with --cfg job|hydra|all"]),
+    (["-m", "-p", "algo", "algo.lr=1e-6,2e-6", "--plan"], ["--package/-p works only with --cfg job|hydra|all"]),
+    (["-m", "-r", "algo.lr=1e-6,2e-6", "--plan"], ["-r/--run", "does not go with -m/--multirun: drop -r"]),
+    (["--cfg", "job", "--run"], ["-r/--run", "does not go with --cfg"]),
 ])
-def test_config_errors_around_hydra_flags_exit_2(argv, parts, capsys, monkeypatch):
+def test_config_errors_around_hydra_flags_exit_2(argv, parts, capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert err.startswith("error: ") and "Traceback" not in err and out == ""
     for part in parts:
         assert part in err, err
+
+
+def test_run_flag_is_a_single_run(capsys):
+    assert cli.main(["-r", "--plan", "algo=ppo"]) == 0
+    assert "run: ppo" in capsys.readouterr().out
 
 
 def test_shell_completion_installs_and_completes(tmp_path):
