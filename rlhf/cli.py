@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.config import (EXIT_USER, GROUPS, build_spec, compose, default_choices, describe, group_options,
-                         resume_dir, resume_spec, run_dir_for)
-from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
+                         resume_dir, resume_spec)
+from rlhf.config import register_configs, run_dir_for  # noqa: F401 - scripts and tests import them from here
 from rlhf.run import check_before_run, execute
 from rlhf.spec.runspec import RunSpec
 
@@ -225,12 +225,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             folder = str(Path(resume).expanduser().resolve())
             return run_in_hydra(spec, [*overrides, f"output_dir={folder}", f"resume={folder}"], config_dir=folder)
         cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-        if not args.plan and _chdir(cfg) and not cfg.get("output_dir"):
-            # the job runs inside its run dir (hydra.job.chdir): its path must not depend on the cwd
-            from omegaconf import open_dict
-
-            with open_dict(cfg):
-                cfg.output_dir = os.path.abspath(run_dir_for(cfg, claim=True))
         spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -240,12 +234,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if spec.mode == "plan":
         return execute(spec)
     return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-
-
-def _chdir(cfg: Any) -> bool:
-    from omegaconf import OmegaConf
-
-    return bool(OmegaConf.select(cfg, "hydra.job.chdir", default=False))
 
 
 def hydra_only(args: Args) -> int:

@@ -62,8 +62,9 @@ def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[
 def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
                choices: Optional[dict] = None, claim_run_dir: bool = False) -> RunSpec:
     """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
-    if the primary config did not come from the shipped groups. ``claim_run_dir``: create the
-    default run dir now (``run_dir_for``); it is removed again if the spec does not build."""
+    if the primary config did not come from the shipped groups. A run's output_dir is made absolute
+    (relative to the cwd). ``claim_run_dir``: create the default run dir now (``run_dir_for``); it is
+    removed again if the spec does not build."""
     from omegaconf import open_dict
 
     from rlhf.spec.build import build
@@ -76,8 +77,11 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
         if saved and config_dir and Path(str(saved)).resolve() == Path(config_dir).resolve():
             # Rerunning a run's saved config: the same config, in a new run dir of its own.
             cfg.output_dir = None
-        if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
-            cfg.output_dir = claimed = run_dir_for(cfg, claim=claim_run_dir and not plan)
+        if cfg.get("mode", "run") == "run":
+            if not cfg.get("output_dir"):
+                cfg.output_dir = claimed = run_dir_for(cfg, claim=claim_run_dir and not plan)
+            # the job may run inside its run dir (hydra.job.chdir): its path must not depend on the cwd
+            cfg.output_dir = os.path.abspath(os.path.expanduser(str(cfg.output_dir)))
     try:
         if config_dir is None:
             changes = changes_from_defaults(cfg, overrides, choices)

@@ -43,7 +43,7 @@ def test_cfg_job_prints_the_config_the_run_writes(recording_run, tmp_path, monke
     spec, _ = recording_run[0]
     run_dir = Path(spec.output_dir)
     # Hydra's run dir, without Hydra's .hydra/ (hydra.output_subdir=null: the run writes config.yaml)
-    assert run_dir.parts[0] == "outputs" and not (run_dir / ".hydra").exists()
+    assert run_dir.relative_to(tmp_path.resolve()).parts[0] == "outputs" and not (run_dir / ".hydra").exists()
     assert printed == yaml.safe_load((run_dir / "config.yaml").read_text())
     assert printed["algo"]["name"] == "rloo" and printed["train"]["steps"] == 3
 
@@ -108,11 +108,16 @@ def test_hydra_run_dir_and_job_chdir(recording_run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main([*ARGV, "hydra.run.dir=mine/${now:%Y}"]) == 0
     spec, cwd = recording_run[-1]
-    assert Path(spec.output_dir).parent == Path("mine") and Path(spec.output_dir, "config.yaml").is_file()
+    assert Path(spec.output_dir).parent == tmp_path.resolve() / "mine" and Path(spec.output_dir, "config.yaml").is_file()
     assert cli.main([*ARGV, "hydra.job.chdir=true"]) == 0
     spec, cwd = recording_run[-1]
     assert os.path.isabs(spec.output_dir) and cwd == spec.output_dir  # the job ran inside its run dir
     assert os.getcwd() == str(tmp_path)  # and the driver is back where it was
+    # a relative output_dir is relative to where rlhf-run started, not to the run dir it changes into
+    assert cli.main([*ARGV, "hydra.job.chdir=true", "output_dir=runs/x"]) == 0
+    spec, cwd = recording_run[-1]
+    assert spec.output_dir == cwd == str(tmp_path.resolve() / "runs" / "x")
+    assert (tmp_path / "runs" / "x" / "config.yaml").is_file() and not (tmp_path / "runs" / "x" / "runs").exists()
 
 
 def test_help_shows_ours_and_hydras(capsys):
