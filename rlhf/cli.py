@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from rlhf.config import (EXIT_USER, GROUPS, build_spec, compose, default_choices, describe, group_options,
-                         resume_dir, resume_spec)
+from rlhf.config import (EXIT_USER, GROUPS, build_spec, claim_run_dir, compose, default_choices, describe,
+                         group_options, release, resume_dir, resume_spec)
 from rlhf.config import register_configs, run_dir_for  # noqa: F401 - scripts and tests import them from here
+from rlhf.config.rundir import Claimed
 from rlhf.run import check_before_run, execute
 from rlhf.spec.runspec import RunSpec
 
@@ -225,7 +226,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             folder = str(Path(resume).expanduser().resolve())
             return run_in_hydra(spec, [*overrides, f"output_dir={folder}", f"resume={folder}"], config_dir=folder)
         cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-        spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
+        claimed = None if args.plan else claim_run_dir(cfg, args.config_dir)
+        try:
+            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
+        except BaseException:
+            release(claimed)
+            raise
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
@@ -233,7 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USER
     if spec.mode == "plan":
         return execute(spec)
-    return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name)
+    return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name,
+                        claimed=claimed)
 
 
 def hydra_only(args: Args) -> int:
@@ -250,14 +257,16 @@ def hydra_only(args: Args) -> int:
 
 
 def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[str] = None,
-                 config_name: str = "config") -> int:
+                 config_name: str = "config", claimed: Optional[Claimed] = None) -> int:
     """Run a built spec as the job of the Hydra app: Hydra makes its run dir the spec's output_dir
     (``.hydra/`` inside, ``hydra.job.chdir`` honoured), then the task executes the spec. The spec was
-    built from the same config before Hydra started, so a config error never starts a job."""
+    built from the same config before Hydra started, so a config error never starts a job.
+    ``claimed``: the run dir made for this run, given back if the checks refuse it."""
     from rlhf.hydra_app import hydra_overrides, run_app
 
     code = check_before_run(spec)  # before Hydra makes the run dir
     if code:
+        release(claimed)
         return code
     codes: list[int] = []
     raised: list[BaseException] = []

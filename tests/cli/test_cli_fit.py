@@ -17,3 +17,15 @@ def test_non_fitting_gpu_plan_stops_before_the_run_dir(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: does not fit: the training phase needs"), r.stderr
     assert "Try " in lines[0]
     assert not out.exists()
+
+
+def test_a_refused_run_gives_its_claimed_run_dir_back(tmp_path, monkeypatch, capsys):
+    from rlhf import cli
+
+    cwd = tmp_path / "cwd"
+    (cwd / "outputs").mkdir(parents=True)  # there before: kept
+    monkeypatch.chdir(cwd)
+    argv = ["model=qwen2.5-7b", "hardware=1xh200", "train.offload_optimizer=false", f"model.path={tmp_path}"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith("error: does not fit")
+    assert [p.name for p in cwd.iterdir()] == ["outputs"] and not any((cwd / "outputs").iterdir())
