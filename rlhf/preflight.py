@@ -67,8 +67,13 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
         # a Hub model fetched just now: the spec was planned with the model group's numbers, so
         # build it again (the build reads the cached config.json now); check_fits follows
         from rlhf.spec.build import build, config_dict
+        from rlhf.spec.errors import SpecError
 
-        spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
+        try:
+            spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
+        except SpecError as e:  # the checkpoint's numbers break a setting the model group's passed
+            raise UserError(f"{Path(found['model'].path) / 'config.json'} (model.path={spec.model.path}): "
+                            + " ".join(e.problems)) from None
         if console is not None:
             from rlhf.spec.shape import shape_line
 
