@@ -25,7 +25,7 @@ def recording_run(monkeypatch):
 
     seen = []
 
-    def run(spec):
+    def run(spec, checked=False):
         seen.append((spec, os.getcwd()))
         rlhf.run.write_run_dir(spec)
         return 0

@@ -125,7 +125,7 @@ def fake_run(monkeypatch):
 
     seen = []
 
-    def run(spec):
+    def run(spec, checked=False):
         seen.append(spec)
         if spec.train.steps == 13:
             raise UserError("data file missing: x.jsonl")
