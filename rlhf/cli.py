@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from rlhf.config import (EXIT_CONFIG, GROUPS, build_spec, compose, default_choices, describe, group_options,
-                         resume_dir, resume_spec, run_dir_for)
-from rlhf.config import register_configs  # noqa: F401 - scripts and tests import it from here
+from rlhf.config import (EXIT_USER, GROUPS, build_spec, claim_run_dir, compose, default_choices, describe,
+                         group_options, release, resume_dir, resume_spec)
+from rlhf.config import register_configs, run_dir_for  # noqa: F401 - scripts and tests import them from here
+from rlhf.config.rundir import Claimed
 from rlhf.run import check_before_run, execute
 from rlhf.spec.runspec import RunSpec
 
@@ -166,7 +167,32 @@ def parse_args(argv: Sequence[str]) -> Args:
             ])
         else:
             args.overrides.append(a)
+    _check_hydra_flags(args)
     return args
+
+
+def _check_hydra_flags(args: Args) -> None:
+    """Hydra's flags that only mean something in one mode are refused outside it (SpecError), not
+    dropped: a run or a sweep hands Hydra the overrides only."""
+    from rlhf.spec.errors import SpecError
+
+    flags = args.hydra_flags
+    problems = []
+    if "--experimental-rerun" in flags:
+        problems.append("--experimental-rerun: rlhf-run builds every run from its config, not from Hydra's pickled "
+                        "job; rerun a run's saved config with rlhf-run -cp <run dir> -cn config.")
+    if "--cfg" not in flags:
+        for flag, what in (("--resolve", "interpolations resolved"), ("--package/-p", "only that part, e.g. -p algo")):
+            if flag.split("/")[0] in flags:
+                problems.append(f"{flag} works only with --cfg job|hydra|all (print the composed config, {what}).")
+    if "--run" in flags:
+        other = next((f for f in ("--cfg", "--info", "--shell-completion") if f in flags),
+                     "-m/--multirun" if args.multirun else None)
+        if other:
+            problems.append(f"-r/--run (a single run, the default) does not go with {other}: drop -r.")
+        flags.remove("--run")  # a single run is what rlhf-run does without it
+    if problems:
+        raise SpecError(problems)
 
 
 
@@ -200,27 +226,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             folder = str(Path(resume).expanduser().resolve())
             return run_in_hydra(spec, [*overrides, f"output_dir={folder}", f"resume={folder}"], config_dir=folder)
         cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-        if not args.plan and _chdir(cfg) and not cfg.get("output_dir"):
-            # the job runs inside its run dir (hydra.job.chdir): its path must not depend on the cwd
-            from omegaconf import open_dict
-
-            with open_dict(cfg):
-                cfg.output_dir = os.path.abspath(run_dir_for(cfg, claim=True))
-        spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir, claim_run_dir=True)
+        claimed = None if args.plan else claim_run_dir(cfg, args.config_dir)
+        try:
+            spec = build_spec(cfg, args.overrides, args.plan, config_dir=args.config_dir)
+        except BaseException:
+            release(claimed)
+            raise
     except SpecError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(e.render(), file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_USER
     if spec.mode == "plan":
         return execute(spec)
-    return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-
-
-def _chdir(cfg: Any) -> bool:
-    from omegaconf import OmegaConf
-
-    return bool(OmegaConf.select(cfg, "hydra.job.chdir", default=False))
+    return run_in_hydra(spec, args.overrides, config_dir=args.config_dir, config_name=args.config_name,
+                        claimed=claimed)
 
 
 def hydra_only(args: Args) -> int:
@@ -237,14 +257,16 @@ def hydra_only(args: Args) -> int:
 
 
 def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[str] = None,
-                 config_name: str = "config") -> int:
+                 config_name: str = "config", claimed: Optional[Claimed] = None) -> int:
     """Run a built spec as the job of the Hydra app: Hydra makes its run dir the spec's output_dir
     (``.hydra/`` inside, ``hydra.job.chdir`` honoured), then the task executes the spec. The spec was
-    built from the same config before Hydra started, so a config error never starts a job."""
+    built from the same config before Hydra started, so a config error never starts a job.
+    ``claimed``: the run dir made for this run, given back if the checks refuse it."""
     from rlhf.hydra_app import hydra_overrides, run_app
 
     code = check_before_run(spec)  # before Hydra makes the run dir
     if code:
+        release(claimed)
         return code
     codes: list[int] = []
     raised: list[BaseException] = []

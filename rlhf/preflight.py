@@ -65,14 +65,21 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
             console.print(f"{key}: {m.repo} at commit {m.commit[:12]} ({m.path})")
     if found["model"].repo and _shape_differs(spec, found["model"].path):
         # a Hub model fetched just now: the spec was planned with the model group's numbers, so
-        # build it again (the build reads the cached config.json now); check_fits follows
+        # build it again (the build reads the cached config.json now) and check that it fits
         from rlhf.spec.build import build, config_dict
+        from rlhf.spec.errors import SpecError
 
-        spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
+        try:
+            spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
+        except SpecError as e:  # the checkpoint's numbers break a setting the model group's passed
+            raise UserError(f"{Path(found['model'].path) / 'config.json'} (model.path={spec.model.path}): "
+                            + " ".join(e.problems)) from None
         if console is not None:
             from rlhf.spec.shape import shape_line
 
             console.print("planned again with the checkpoint's numbers:" + (shape_line(spec) or "")[1:])
+        if spec.hardware.accelerator == "cuda":  # the plan checked before the run was the group's
+            check_fits(spec)
     return with_models(spec, found)
 
 
@@ -222,9 +229,8 @@ def preflight(spec: RunSpec, console: Any = None) -> Any:
     """Everything that can be checked in the driver before the cluster starts (UserError).
 
     For sft/rm/dpo that is reading and tokenising the data sets: the result (``prepare`` of the
-    kind's loop) is returned for ``rlhf.run.run`` to hand to the loop; None for RL."""
-    check_fits(spec)
-    check_output_dir(spec.output_dir or "outputs/run")
+    kind's loop) is returned for ``rlhf.run.run`` to hand to the loop; None for RL. The fit and the
+    output dir were checked before (``rlhf.run.check_before_run``, ``resolve_models``)."""
     if spec.algo.kind == "rl":
         from rlhf.data.prompts import read_rows
 

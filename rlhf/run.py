@@ -109,17 +109,19 @@ def check_before_run(spec: RunSpec) -> int:
     """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
     having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
     try:
-        if spec.hardware.accelerator == "cuda":
-            from rlhf.preflight import check_fits
-
-            check_fits(spec)
-        from rlhf.preflight import check_output_dir
-
-        check_output_dir(spec.output_dir)
+        _checks(spec)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USER)
     return 0
+
+
+def _checks(spec: RunSpec) -> None:
+    from rlhf.preflight import check_fits, check_output_dir
+
+    if spec.hardware.accelerator == "cuda":
+        check_fits(spec)
+    check_output_dir(spec.output_dir or "outputs/run")
 
 
 def execute(spec: RunSpec, checked: bool = False) -> int:
@@ -144,13 +146,14 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
     try:
-        return int(run(spec) or 0)
+        return int(run(spec, checked=True) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USER)
 
 
-def run(spec: RunSpec) -> int:
+def run(spec: RunSpec, checked: bool = False) -> int:
+    """Run a built spec: the exit code. ``checked``: ``check_before_run`` has passed already."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind
@@ -164,9 +167,10 @@ def run(spec: RunSpec) -> int:
     on_main = _main_thread()
     old_term = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
     try:
-        from rlhf.preflight import check_output_dir, preflight, resolve_models
+        from rlhf.preflight import preflight, resolve_models
 
-        check_output_dir(spec.output_dir or "outputs/run")
+        if not checked:
+            _checks(spec)
         from rlhf.run_lock import RunLock
 
         lock = RunLock(spec.output_dir or "outputs/run")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.config import build_spec, check_group_choices, compose, parse_overrides, stamped, unique_dir
-from rlhf.config.exits import EXIT_CONFIG
+from rlhf.config.exits import EXIT_USER
 from rlhf.run import execute
 from rlhf.spec.errors import SpecError
 from rlhf.spec.runspec import RunSpec
@@ -212,18 +212,18 @@ def is_hydra_override(o: str) -> bool:
 
 
 def expand(overrides: Sequence[str]) -> list[Job]:
-    """The jobs of a grid sweep: the cartesian product of the comma-separated values, in the order
-    of Hydra's basic sweeper (the first override varies slowest)."""
-    import itertools
+    """The jobs of a grid sweep, as Hydra's basic sweeper makes them (the cartesian product of the
+    comma-separated values, the first override varying slowest; a key given twice: the last wins).
+    Raises SpecError for a sweep the basic sweeper cannot enumerate (an interval)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    choices = []
-    for ov in parse_overrides([o for o in overrides if not is_hydra_override(o)]):
-        key = ov.get_key_element()
-        if ov.is_sweep_override():
-            choices.append([f"{key}={v}" for v in ov.sweep_string_iterator()])
-        else:
-            choices.append([f"{key}={ov.get_value_element_as_str()}"])
-    return [Job(i, list(combo)) for i, combo in enumerate(itertools.product(*choices))]
+    parsed = parse_overrides([o for o in overrides if not is_hydra_override(o)])
+    bad = [ov.input_line for ov in parsed if ov.is_sweep_override() and not ov.is_discrete_sweep()]
+    if bad:
+        raise SpecError([f"{b}: the basic sweeper runs lists (a,b,c) and range(); an interval needs a search: "
+                         f"rlhf-run -m hydra/sweeper=optuna {b}" for b in bad])
+    combos = BasicSweeper.split_arguments(parsed, None)[0]
+    return [Job(i, list(combo)) for i, combo in enumerate(combos)]
 
 
 def sweeper_of(overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> tuple[str, Any]:
@@ -374,7 +374,7 @@ class _Sweep:
     def _failed(self, job: Job, result: JobResult, e: BaseException) -> None:
         out = result.output_dir or "."
         if isinstance(e, SpecError):
-            result.exit_code, result.error = EXIT_CONFIG, " ".join(e.problems)
+            result.exit_code, result.error = EXIT_USER, " ".join(e.problems)
             print(e.render(), file=sys.stderr)
             return
         result.error = f"{type(e).__name__}: {e}"
@@ -496,7 +496,7 @@ def multirun_main(args: Any, hooks: Optional[Sequence[SweepHooks]] = None) -> in
                 results.append(JobResult(job.index, job.overrides, "ok" if code == 0 else "failed", code))
             except SpecError as e:
                 print(e.render())
-                results.append(JobResult(job.index, job.overrides, "failed", EXIT_CONFIG, " ".join(e.problems)))
+                results.append(JobResult(job.index, job.overrides, "failed", EXIT_USER, " ".join(e.problems)))
         print(summarize(results, None))
         return 0 if all(r.status == "ok" for r in results) else 1
 

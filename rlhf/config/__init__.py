@@ -6,24 +6,24 @@ neither of them, nor the Hydra app (``rlhf.hydra_app``) that runs a job.
     groups.py       GROUPS, group_options, default_choices, register_configs (ConfigStore), group_choices
     overrides.py    parse_overrides, check_group_choices
     composition.py  compose, hydra_message (a Hydra/OmegaConf error → one line)
-    rundir.py       stamped, unique_dir, run_dir_for
-    build.py        changes_from_defaults, build_spec, resume_spec
+    rundir.py       stamped, unique_dir, run_dir_for, release (a claimed run dir given back)
+    build.py        changes_from_defaults, claim_run_dir, build_spec, resume_spec
     describe.py     describe (rlhf-run --describe KEY: a key's type, value and help text from the schema)
     exits.py        the exit codes
 """
 
-from rlhf.config.build import build_spec, changes_from_defaults, resume_dir, resume_spec
+from rlhf.config.build import build_spec, changes_from_defaults, claim_run_dir, resume_dir, resume_spec
 from rlhf.config.composition import compose, hydra_message
 from rlhf.config.describe import describe
-from rlhf.config.exits import EXIT_CONFIG, EXIT_FAILURE, EXIT_INTERRUPT, EXIT_OK, EXIT_TERMINATED, EXIT_USER
+from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.config.groups import (GROUPS, INTERNAL_GROUPS, default_choices, group_choices, group_options,
                                 register_configs)
 from rlhf.config.overrides import check_group_choices, parse_overrides
-from rlhf.config.rundir import run_dir_for, stamped, unique_dir
+from rlhf.config.rundir import release, run_dir_for, stamped, unique_dir
 
 __all__ = [
-    "EXIT_CONFIG", "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_OK", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
-    "INTERNAL_GROUPS", "build_spec", "changes_from_defaults", "check_group_choices", "compose",
+    "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
+    "INTERNAL_GROUPS", "build_spec", "changes_from_defaults", "check_group_choices", "claim_run_dir", "compose",
     "default_choices", "describe", "group_choices", "group_options", "hydra_message", "parse_overrides",
-    "register_configs", "resume_dir", "resume_spec", "run_dir_for", "stamped", "unique_dir",
+    "register_configs", "release", "resume_dir", "resume_spec", "run_dir_for", "stamped", "unique_dir",
 ]

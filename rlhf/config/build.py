@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -10,7 +9,7 @@ from typing import Any, Optional, Sequence
 from rlhf.config.composition import compose
 from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
 from rlhf.config.overrides import parse_overrides
-from rlhf.config.rundir import run_dir_for
+from rlhf.config.rundir import Claimed, existing_parent, run_dir_for, run_dir_name
 from rlhf.paths import recipes_dir
 from rlhf.spec.runspec import RunSpec
 
@@ -59,36 +58,48 @@ def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[
     return tuple(out)
 
 
+def claim_run_dir(cfg: Any, config_dir: Optional[str] = None) -> Optional[Claimed]:
+    """A run's default run dir, created now (two runs started in the same second get two) and set
+    as cfg.output_dir; None when the config names one or plans. ``rundir.release`` gives it back."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        _drop_saved_output_dir(cfg, config_dir)
+        if cfg.get("mode", "run") != "run" or cfg.get("output_dir"):
+            return None
+        existed = existing_parent(run_dir_name(cfg))
+        cfg.output_dir = path = os.path.abspath(run_dir_for(cfg, claim=True))
+    return Claimed(path, existed)
+
+
+def _drop_saved_output_dir(cfg: Any, config_dir: Optional[str]) -> None:
+    saved = cfg.get("output_dir")
+    if saved and config_dir and Path(str(saved)).resolve() == Path(config_dir).resolve():
+        # Rerunning a run's saved config: the same config, in a new run dir of its own.
+        cfg.output_dir = None
+
+
 def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optional[str] = None,
-               choices: Optional[dict] = None, claim_run_dir: bool = False) -> RunSpec:
+               choices: Optional[dict] = None) -> RunSpec:
     """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
-    if the primary config did not come from the shipped groups. ``claim_run_dir``: create the
-    default run dir now (``run_dir_for``); it is removed again if the spec does not build."""
+    if the primary config did not come from the shipped groups. A run's output_dir is made absolute
+    (relative to the cwd); without one, it is named (``run_dir_for``; ``claim_run_dir`` creates it)."""
     from omegaconf import open_dict
 
     from rlhf.spec.build import build
 
-    claimed = None
     with open_dict(cfg):
         if plan:
             cfg.mode = "plan"
-        saved = cfg.get("output_dir")
-        if saved and config_dir and Path(str(saved)).resolve() == Path(config_dir).resolve():
-            # Rerunning a run's saved config: the same config, in a new run dir of its own.
-            cfg.output_dir = None
-        if cfg.get("mode", "run") == "run" and not cfg.get("output_dir"):
-            cfg.output_dir = claimed = run_dir_for(cfg, claim=claim_run_dir and not plan)
-    try:
-        if config_dir is None:
-            changes = changes_from_defaults(cfg, overrides, choices)
-        else:  # a saved config: what differs is the whole file, then the overrides on it
-            changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
-        return build(cfg, overrides=tuple(overrides), changes=changes)
-    except BaseException:
-        if claimed and claim_run_dir:
-            with contextlib.suppress(OSError):  # only while empty, with its empty parents (outputs/<date>)
-                os.removedirs(claimed)
-        raise
+        _drop_saved_output_dir(cfg, config_dir)
+        if cfg.get("mode", "run") == "run":
+            # the job may run inside its run dir (hydra.job.chdir): its path must not depend on the cwd
+            cfg.output_dir = os.path.abspath(os.path.expanduser(str(cfg.get("output_dir") or run_dir_for(cfg))))
+    if config_dir is None:
+        changes = changes_from_defaults(cfg, overrides, choices)
+    else:  # a saved config: what differs is the whole file, then the overrides on it
+        changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
+    return build(cfg, overrides=tuple(overrides), changes=changes)
 
 
 def resume_dir(overrides: Sequence[str]) -> Optional[str]:

@@ -25,7 +25,7 @@ def recording_run(monkeypatch):
 
     seen = []
 
-    def run(spec):
+    def run(spec, checked=False):
         seen.append((spec, os.getcwd()))
         rlhf.run.write_run_dir(spec)
         return 0
@@ -43,7 +43,7 @@ def test_cfg_job_prints_the_config_the_run_writes(recording_run, tmp_path, monke
     spec, _ = recording_run[0]
     run_dir = Path(spec.output_dir)
     # Hydra's run dir, without Hydra's .hydra/ (hydra.output_subdir=null: the run writes config.yaml)
-    assert run_dir.parts[0] == "outputs" and not (run_dir / ".hydra").exists()
+    assert run_dir.relative_to(tmp_path.resolve()).parts[0] == "outputs" and not (run_dir / ".hydra").exists()
     assert printed == yaml.safe_load((run_dir / "config.yaml").read_text())
     assert printed["algo"]["name"] == "rloo" and printed["train"]["steps"] == 3
 
@@ -70,14 +70,26 @@ def test_cfg_hydra_package_resolve_and_info(capsys):
     (["hydra/launcher=joblib", "--plan"], ["hydra/launcher 'joblib' not found", "submitit_slurm",
                                            "pip install hydra-joblib-launcher"]),
     (["-m", "hydra/sweeper=optuna", "algo.lrr=interval(1e-6,1e-3)", "--plan"], ["algo.lrr is not a config key"]),
+    # Hydra's flags of one mode are refused in the others, not dropped
+    (["--experimental-rerun", "x.pickle", "--plan"], ["--experimental-rerun", "rlhf-run -cp <run dir> -cn config"]),
+    (["--resolve", "--plan"], ["--resolve works only with --cfg job|hydra|all"]),
+    (["-m", "-p", "algo", "algo.lr=1e-6,2e-6", "--plan"], ["--package/-p works only with --cfg job|hydra|all"]),
+    (["-m", "-r", "algo.lr=1e-6,2e-6", "--plan"], ["-r/--run", "does not go with -m/--multirun: drop -r"]),
+    (["--cfg", "job", "--run"], ["-r/--run", "does not go with --cfg"]),
 ])
-def test_config_errors_around_hydra_flags_exit_2(argv, parts, capsys, monkeypatch):
+def test_config_errors_around_hydra_flags_exit_2(argv, parts, capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert err.startswith("error: ") and "Traceback" not in err and out == ""
     for part in parts:
         assert part in err, err
+
+
+def test_run_flag_is_a_single_run(capsys):
+    assert cli.main(["-r", "--plan", "algo=ppo"]) == 0
+    assert "run: ppo" in capsys.readouterr().out
 
 
 def test_shell_completion_installs_and_completes(tmp_path):
@@ -96,11 +108,16 @@ def test_hydra_run_dir_and_job_chdir(recording_run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main([*ARGV, "hydra.run.dir=mine/${now:%Y}"]) == 0
     spec, cwd = recording_run[-1]
-    assert Path(spec.output_dir).parent == Path("mine") and Path(spec.output_dir, "config.yaml").is_file()
+    assert Path(spec.output_dir).parent == tmp_path.resolve() / "mine" and Path(spec.output_dir, "config.yaml").is_file()
     assert cli.main([*ARGV, "hydra.job.chdir=true"]) == 0
     spec, cwd = recording_run[-1]
     assert os.path.isabs(spec.output_dir) and cwd == spec.output_dir  # the job ran inside its run dir
     assert os.getcwd() == str(tmp_path)  # and the driver is back where it was
+    # a relative output_dir is relative to where rlhf-run started, not to the run dir it changes into
+    assert cli.main([*ARGV, "hydra.job.chdir=true", "output_dir=runs/x"]) == 0
+    spec, cwd = recording_run[-1]
+    assert spec.output_dir == cwd == str(tmp_path.resolve() / "runs" / "x")
+    assert (tmp_path / "runs" / "x" / "config.yaml").is_file() and not (tmp_path / "runs" / "x" / "runs").exists()
 
 
 def test_help_shows_ours_and_hydras(capsys):

@@ -125,7 +125,7 @@ def fake_run(monkeypatch):
 
     seen = []
 
-    def run(spec):
+    def run(spec, checked=False):
         seen.append(spec)
         if spec.train.steps == 13:
             raise UserError("data file missing: x.jsonl")
@@ -141,9 +141,9 @@ def test_a_run_gets_a_fresh_run_dir(fake_run, tmp_path, monkeypatch):
     assert cli.main(["train.steps=2"]) == 0
     a, b = (Path(s.output_dir) for s in fake_run)
     assert a != b and a.is_dir() and b.is_dir()
-    assert a.parts[0] == "outputs" and fake_run[0].mode == "run"
-    assert cli.main(["output_dir=mine/run1"]) == 0
-    assert fake_run[-1].output_dir == "mine/run1" and (tmp_path / "mine/run1").is_dir()
+    assert a.relative_to(tmp_path.resolve()).parts[0] == "outputs" and fake_run[0].mode == "run"
+    assert cli.main(["output_dir=mine/run1"]) == 0  # relative to where rlhf-run started
+    assert fake_run[-1].output_dir == str(tmp_path.resolve() / "mine/run1") and (tmp_path / "mine/run1").is_dir()
 
 
 def test_a_user_error_at_run_time_exits_2(fake_run, tmp_path, monkeypatch, capsys):
@@ -191,7 +191,8 @@ def test_rerun_from_what_the_run_writes(tmp_path, monkeypatch, capsys):
     run_dir = run_module.write_run_dir(first)
     again = cli.build_spec(cli.compose([], config_dir=str(run_dir)), [], plan=False, config_dir=str(run_dir))
     a, b = to_dict(first), to_dict(again)
-    assert a["output_dir"] == "outputs/r1" and b["output_dir"].startswith("outputs/")
+    cwd = str(tmp_path.resolve())
+    assert a["output_dir"] == f"{cwd}/outputs/r1" and b["output_dir"].startswith(f"{cwd}/outputs/")
     for k in ("output_dir", "overrides", "changes"):
         a.pop(k), b.pop(k)
     assert a == b

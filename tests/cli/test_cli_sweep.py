@@ -102,3 +102,12 @@ def test_a_plan_sweep_prints_every_plan_and_writes_nothing(fake_execute, tmp_pat
 def test_expand_is_the_cartesian_product():
     jobs = sweep.expand(["a.b=1,2", "algo=grpo,ppo,rloo", "x=3"])
     assert len(jobs) == 6 and jobs[0].overrides == ["a.b=1", "algo=grpo", "x=3"]
+    assert [j.overrides for j in jobs[:2]] == [["a.b=1", "algo=grpo", "x=3"], ["a.b=1", "algo=ppo", "x=3"]]
+    assert [j.overrides for j in sweep.expand(["a=1", "a=2,3", "hydra.job.chdir=true"])] == [["a=2"], ["a=3"]]
+
+
+def test_an_interval_with_the_basic_sweeper_exits_2(capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert cli.main(["-m", "algo.lr=interval(1e-6,1e-3)", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: algo.lr=interval(1e-6,1e-3): the basic sweeper runs lists") and "optuna" in err

@@ -5,7 +5,6 @@ larger than the cluster fails alone. The default launcher stays sequential (test
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import yaml
@@ -42,10 +41,12 @@ def test_jobs_wait_for_room_and_a_too_large_job_fails_alone(two_slot_ray, tmp_pa
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])  # the test's own Ray cluster, no MLflow
     threads = {}
+    both = threading.Barrier(2, timeout=60)  # passed only while the first two jobs run at once
 
-    def execute(spec):  # a stand-in job that holds its slot for a while
+    def execute(spec):  # a stand-in job
         threads[spec.train.steps] = threading.current_thread().name
-        time.sleep(1.5)
+        if spec.train.steps < 3:
+            both.wait()
         return 0
 
     monkeypatch.setattr(sweep, "execute", execute)
@@ -55,7 +56,7 @@ def test_jobs_wait_for_room_and_a_too_large_job_fails_alone(two_slot_ray, tmp_pa
     assert cli.main(argv) == 0
     r = yaml.safe_load((tmp_path / "a" / "sweep_results.yaml").read_text())
     assert [x["status"] for x in r] == ["ok", "ok", "ok"]
-    assert _overlap(r[0], r[1])  # 1 slot each, 2 slots: side by side
+    assert _overlap(r[0], r[1])  # 1 slot each, 2 slots: side by side (else the barrier breaks: failed)
     assert r[2]["started"] >= min(r[0]["ended"], r[1]["ended"])  # the third waited for a free slot
     assert len(set(threads.values())) >= 2 and threading.current_thread().name not in threads.values()
 
@@ -77,11 +78,19 @@ def test_chdir_is_refused(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.timeout(900)
 def test_two_toy_jobs_run_side_by_side_on_a_2_slot_cluster(tmp_path, monkeypatch):
-    """The real thing: two GRPO toy runs, one slot each, on a sweep cluster of 2 slots; both finish,
-    their times overlap, each is an MLflow child run of the sweep's parent."""
+    """The real thing: two GRPO toy runs, one slot each, on a sweep cluster of 2 slots; both run at
+    once and finish, each is an MLflow child run of the sweep's parent."""
     import ray
     from mlflow.tracking import MlflowClient
 
+    both = threading.Barrier(2, timeout=120)  # each run starts only once the other has its slot too
+    real = sweep.execute
+
+    def execute(spec):
+        both.wait()
+        return real(spec)
+
+    monkeypatch.setattr(sweep, "execute", execute)
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

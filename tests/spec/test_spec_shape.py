@@ -110,3 +110,16 @@ def test_a_cached_hub_snapshot_is_read_and_a_fetched_one_replans(tmp_path, monke
     assert shape_of(after.model) == read_shape(QWEN15)
     assert after.models["model"].repo == "acme/qwen-like"
     assert any(ln.startswith("planned again with the checkpoint's numbers: shape from") for ln in lines), lines
+
+    # a fetched checkpoint whose heads the planned TP does not divide: one line naming its config.json
+    from rlhf.spec.errors import UserError
+
+    tp2 = make_spec([*ov[:-1], "model.path=acme/odd-heads", "hardware=8xh100", "placement.rollout.tensor_parallel=2"],
+                    tmp_path / "run3")  # built before the fetch: the model group's 14 heads
+    odd = {**QWEN15, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 1152}
+    write_cache(cache, "model", "acme/odd-heads", Repo(files={"config.json": json.dumps(odd).encode(),
+                                                              "model.safetensors": b""}))
+    with pytest.raises(UserError) as e:
+        resolve_models(tp2, Say())
+    assert "\n" not in str(e.value) and "acme/odd-heads" in str(e.value), e.value
+    assert str(e.value).split(" ")[0].endswith("config.json") and "tensor_parallel=2" in str(e.value), e.value
