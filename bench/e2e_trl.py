@@ -140,7 +140,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--ours-tokens", type=int, default=32768,
                     help="our train.max_tokens_per_micro_batch (packed micro-batches)")
     ap.add_argument("--liger", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
-                    help="our model.liger_kernels (default auto: on when liger-kernel is installed)")
+                    help="our model.liger_kernels (default auto: on when liger-kernel is installed and covers the model type)")
     ap.add_argument("--trl-sleep", choices=("on", "off"), default=None, help="TRL's vllm_enable_sleep_mode alone")
     ap.add_argument("--trl-dtype", choices=("float32", "bfloat16"), default="bfloat16",
                     help="TRL's model weights (bfloat16: its fastest; float32 = TRL's default, bf16 autocast)")

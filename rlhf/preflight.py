@@ -216,7 +216,8 @@ def check_fits(spec: RunSpec) -> None:
     """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
     a promise both ways (what it calls fitting must run, and what it rejects never starts)."""
     from rlhf.spec.memory import estimate
-    from rlhf.spec.plan import fits, warnings
+    from rlhf.spec.memory import fits
+    from rlhf.spec.plan import warnings
 
     est = estimate(spec)
     if fits(spec, est):

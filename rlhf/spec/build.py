@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlhf.spec import schema as S
 from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
-from rlhf.spec.layout import Layout, disaggregated_counts, plan_layout  # noqa: F401  (also imported from here)
+from rlhf.spec.layout import plan_layout
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
 from rlhf.spec.shape import apply_checkpoint_shape
 from rlhf.spec.validate import estimator_info, validate

@@ -14,12 +14,12 @@ from rlhf.spec.build import (
     build,
     build_sections,
     config_dict,
-    disaggregated_counts,
     plan_batch,
     to_dict,
     typed_config,
 )
 from rlhf.spec.errors import SpecError
+from rlhf.spec.layout import disaggregated_counts
 from rlhf.spec import schema as S
 
 
