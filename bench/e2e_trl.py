@@ -343,6 +343,8 @@ def ours_step(r: dict, samples: int) -> dict:
     out["reward_mean"] = r.get("reward/mean")  # not the "reward" phase's seconds
     out["mismatch"] = r.get("mismatch/logp_abs_mean")
     out["mfu"] = r.get("perf/mfu")  # the actor update's, of the hardware's peak
+    out["fwd_bwd_mfu"] = r.get("perf/fwd_bwd_mfu")  # the same without its optimizer steps
+    out["optimizer_s"] = r.get("time/actor_optimizer_step")
     out["reference_s"] = r.get("time/reference")  # the two passes the "logp" phase sums, apart
     out["old_logp_s"] = r.get("time/old_logp")
     return out
@@ -725,7 +727,7 @@ def summarize(steps: list[dict], warmup: int) -> dict:
     out["truncated"] = statistics.mean(float(s.get("truncated", 0.0)) for s in timed)
     if out.get("step"):
         out["tokens_per_s"] = out["tokens"] / out["step"]
-    for k in ("reference_s", "old_logp_s", "mfu", "mismatch"):  # ours only
+    for k in ("reference_s", "old_logp_s", "mfu", "fwd_bwd_mfu", "optimizer_s", "mismatch"):  # ours only
         vals = [float(s[k]) for s in timed if s.get(k) is not None]
         if vals:
             out[k] = statistics.mean(vals)
@@ -775,7 +777,9 @@ def report(a, res: dict) -> str:
     if o:
         lines.append(f"ours, passes: reference {fmt(o.get('reference_s'))} s, old log-prob pass "
                      f"{fmt(o.get('old_logp_s'))} s (none when the update is exactly on-policy), update MFU "
-                     f"{fmt(o.get('mfu'), '{:.1%}')}, trainer-vLLM log-prob mismatch {fmt(o.get('mismatch'), '{:.4f}')}")
+                     f"{fmt(o.get('mfu'), '{:.1%}')} (forward + backward alone {fmt(o.get('fwd_bwd_mfu'), '{:.1%}')}, "
+                     f"optimizer steps {fmt(o.get('optimizer_s'))} s), "
+                     f"trainer-vLLM log-prob mismatch {fmt(o.get('mismatch'), '{:.4f}')}")
     goal = "met" if sr is not None and sr >= GOAL else ("not met" if sr is not None else "not measured")
     lines.append(f"speed-up (TRL step / ours step, mean): {fmt(sr)} (goal >= {GOAL:g}: {goal})")
     for side in ("ours", "trl"):

@@ -222,6 +222,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
                     m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
                 if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
                     m["perf/mfu"] = m["perf/update_tflops"] / spec.hardware.peak_bf16_tflops
+                    m["perf/fwd_bwd_mfu"] = m["perf/fwd_bwd_tflops"] / spec.hardware.peak_bf16_tflops
                 if values is not None:
                     m["critic/explained_variance"] = explained_variance(values, batch["returns"], mask)
                 m["kl/coef"] = kl_ctl.value

@@ -340,7 +340,7 @@ class PolicyWorker(TrainedWorker):
         R = response_width(batch)
         on_policy = "old_logp" not in batch
         stats = _StatSums()
-        pg_total, flops = 0.0, 0.0
+        pg_total, flops, optimizer_s = 0.0, 0.0, 0.0
         longest = 0  # the largest packed micro-batch, in tokens (what the plan sizes activations for)
         dev = self.torch_device()
         t0 = _clock(dev)
@@ -362,7 +362,12 @@ class PolicyWorker(TrainedWorker):
                 ent = unpack(ent, p, len(rows), R)
                 terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
                 self.engine.backward(terms.loss, scale_wrt_gas=False)
-                self._step()
+                if i == len(packed) - 1:  # the optimizer step apart: one wait per step, which _step makes anyway
+                    t_step = _clock(dev)
+                    self._step()
+                    optimizer_s += _clock(dev) - t_step
+                else:
+                    self._step()
                 pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
                 for name, v in terms.stats.items():
                     stats.add(f"actor/{name}", v, terms.tokens)
@@ -378,6 +383,9 @@ class PolicyWorker(TrainedWorker):
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
         seconds = _clock(dev) - t0
         out["perf/update_tflops"] = (flops / max(seconds, 1e-9) / 1e12, 1.0)  # per rank, averaged
+        # the same FLOPs over the forward + backward passes alone: what the optimizer step costs apart
+        out["perf/fwd_bwd_tflops"] = (flops / max(seconds - optimizer_s, 1e-9) / 1e12, 1.0)
+        out["time/actor_optimizer_step"] = (optimizer_s, 1.0)
         out["perf/micro_batch_tokens_max"] = (float(longest), 1.0)
         return out
 

@@ -43,6 +43,19 @@ def test_largest_packed_micro_batch_is_logged_within_the_budget(grpo_hybrid, tmp
     assert max(longest) > budget / 4, (longest, budget)
 
 
+def test_optimizer_step_time_is_split_from_the_passes(grpo_hybrid):
+    """The update's time less its optimizer steps (time/actor_optimizer_step) is what
+    perf/fwd_bwd_tflops divides the same FLOPs by: the two throughputs and the step time agree."""
+    for r in grpo_hybrid["rows"]:
+        opt, whole, passes = r["time/actor_optimizer_step"], r["perf/update_tflops"], r["perf/fwd_bwd_tflops"]
+        assert 0 < opt < r["time/update"], r
+        assert passes > whole > 0, r
+        # the worker's update seconds are F / whole and its passes' F / passes, so F follows from their
+        # difference (the optimizer's); the update's seconds then sit inside the driver's time/update
+        flops = opt / (1 / whole - 1 / passes)
+        assert opt < flops / whole <= r["time/update"], (flops / whole, r)
+
+
 def test_grad_norm_is_the_steps_own_under_zero2(grpo_hybrid, tmp_path):
     """DeepSpeed's ZeRO optimizers compute the gradient norm while stepping: read after the step it
     is this step's (before, it was the previous one's). Same seeds as the ZeRO-0 run, whose norm is
