@@ -5,6 +5,9 @@ one ActorGroup per role.
   takes a fraction of it (1 / number of roles on the device), so all roles share every device.
 * disaggregated: a placement group per role over that role's own devices.
 
+``placement(spec)`` (pure) says which bundles each rank holds and what it takes of them; a vLLM
+engine of TP > 1 is handed the bundles of its GPUs for vLLM's Ray executor.
+
 On CPU, hybrid runs put every role's rank i in ONE process (``rlhf.launch.group.Host``): the roles
 take turns on the same cores anyway, and each extra process costs seconds of imports.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -29,7 +33,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_
 
 from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
 from rlhf.spec.errors import UserError
-from rlhf.spec.nodes import node_of, rank_devices
+from rlhf.spec.nodes import node_of
 from rlhf.spec.runspec import RunSpec
 
 ROLE_CLASSES = {
@@ -181,47 +185,92 @@ def _reserve(spec: RunSpec, cluster: Cluster, devices) -> Any:
     return pg
 
 
-def reserve(spec: RunSpec, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int, ...]]]]:
-    """Placement groups for ``spec.layout``, ready: role -> for each rank, (placement group, the
-    bundles of its devices; a rollout engine's are its TP group)."""
-    if spec.hardware.nodes > 1:
-        cluster.nodes = ray_nodes(spec)
+HYBRID_GROUP = "devices"  # hybrid placement's one placement group
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one rank runs: its process on the first of ``bundles`` of placement group ``group``,
+    taking ``resources`` there. ``engine``: the settings the launcher gives the rank's rollout
+    engine (``rlhf.rollout.vllm.EngineConfig`` fields), empty where the spec decides them all."""
+
+    group: str
+    bundles: tuple[int, ...]
+    resources: dict[str, float]
+    engine: dict[str, Any] = field(default_factory=dict)
+
+
+def _held_devices(spec: RunSpec) -> dict[str, list[tuple[int, ...]]]:
+    """role -> the devices of each rank (a rollout engine's: its TP group), in ``spec.roles`` order."""
     lay = spec.layout
-    if lay.mode == "hybrid":  # one group; bundle d is device d
-        pg = _reserve(spec, cluster, range(lay.total_devices))
-        out = {r: [(pg, (d,)) for d in lay.roles[r]] for r in spec.roles if r != "rollout"}
-        if "rollout" in spec.roles:
-            out["rollout"] = [(pg, tuple(e)) for e in lay.engines]
-        return out
-    out = {}
-    for role in spec.roles:  # a group per role; bundle i is the role's i-th device
-        if role == "rollout":
-            pg = _reserve(spec, cluster, [d for e in lay.engines for d in e])
-            tp = lay.rollout_tp
-            out[role] = [(pg, tuple(range(i * tp, (i + 1) * tp))) for i in range(len(lay.engines))]
-        else:
-            pg = _reserve(spec, cluster, lay.roles[role])
-            out[role] = [(pg, (i,)) for i in range(len(lay.roles[role]))]
+    return {r: list(lay.engines) if r == "rollout" else [(d,) for d in lay.roles[r]] for r in spec.roles}
+
+
+def group_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
+    """The placement groups of ``spec.layout``: name -> its devices, bundle i holding the i-th.
+    Hybrid: one group over every device; disaggregated: a group per role over its own devices
+    (rollout: the engines' TP groups one after another)."""
+    if spec.layout.mode == "hybrid":
+        return {HYBRID_GROUP: tuple(range(spec.layout.total_devices))}
+    return {r: tuple(d for devs in ranks for d in devs) for r, ranks in _held_devices(spec).items()}
+
+
+def placement(spec: RunSpec) -> dict[str, list[Slot]]:
+    """role -> the ``Slot`` of each rank (rollout: of each engine), from the spec alone (no Ray).
+
+    Hybrid: every role takes an equal share of each device. A vLLM engine of TP > 1 runs vLLM's
+    Ray executor, which starts one worker per TP rank on the bundles given as ``bundle_indices``
+    (``VLLM_RAY_BUNDLE_INDICES``) in the placement group of the engine's process (vLLM reads the
+    current one), each worker taking ``gpu_share`` of its GPU; the engine's process holds no GPU.
+    TP 1 engines run in their own process on their one device.
+    """
+    held = _held_devices(spec)
+    groups = group_devices(spec)
+    hybrid = spec.layout.mode == "hybrid"
+    sharing = Counter(d for ranks in held.values() for devs in ranks for d in devs)  # ranks per device
+    ray_executor = spec.rollout_engine == "vllm" and spec.layout.rollout_tp > 1
+    out: dict[str, list[Slot]] = {}
+    for role, ranks in held.items():
+        name = HYBRID_GROUP if hybrid else role
+        share = 1.0 / max(sharing[d] for devs in ranks for d in devs) if hybrid else 1.0
+        res = {"CPU": share} if spec.device == "cpu" else {"GPU": share, "CPU": share}
+        out[role] = []
+        for devs in ranks:
+            bundles = tuple(groups[name].index(d) for d in devs)
+            if role == "rollout" and ray_executor:
+                out[role].append(Slot(name, bundles, {"GPU": 0.0, "CPU": share},
+                                      {"bundle_indices": bundles, "gpu_share": share}))
+            else:
+                out[role].append(Slot(name, bundles, res))
     return out
 
 
+def reserve_groups(spec: RunSpec, cluster: Cluster) -> dict[str, Any]:
+    """The placement groups of ``group_devices(spec)``, ready: name -> placement group."""
+    if spec.hardware.nodes > 1:
+        cluster.nodes = ray_nodes(spec)
+    return {name: _reserve(spec, cluster, devs) for name, devs in group_devices(spec).items()}
+
+
+def reserve(spec: RunSpec, cluster: Cluster) -> dict[str, list[tuple[Any, tuple[int, ...]]]]:
+    """Placement groups for ``spec.layout``, ready: role -> for each rank, (placement group, the
+    bundles of its devices; a rollout engine's are its TP group)."""
+    pgs = reserve_groups(spec, cluster)
+    return {role: [(pgs[s.group], s.bundles) for s in slots] for role, slots in placement(spec).items()}
+
+
 def _place(spec: RunSpec, cluster: Cluster) -> None:
-    slots = reserve(spec, cluster)
-    unit = "CPU" if spec.device == "cpu" else "GPU"
+    pgs = reserve_groups(spec, cluster)
+    slots = placement(spec)
     if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there
         n = spec.layout.total_devices
-        pg = cluster.placement_groups[0]
+        pg = pgs[HYBRID_GROUP]
         hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in slots})
                  for d in range(n)]
         for role in slots:
             cluster.groups[role] = ActorGroup(role, [RoleHandle(h, role) for h in hosts])
         return
-    devices = rank_devices(spec)
-    sharing = {}  # hybrid: roles per device, each takes an equal share of it
-    for devs in devices.values():
-        for d in devs:
-            sharing[d] = sharing.get(d, 0) + 1
     for role, ranks in slots.items():
-        share = 1.0 / max(sharing[d] for d in devices[role]) if spec.layout.mode == "hybrid" else 1.0
-        res = {unit: share} if unit == "CPU" else {"GPU": share, "CPU": share}
-        cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pg, b[0]) for pg, b in ranks], res)
+        settings = [(s.engine,) for s in ranks] if any(s.engine for s in ranks) else None
+        cluster.groups[role] = ActorGroup.spawn(_cls(role), spec, role, [(pgs[s.group], s.bundles[0]) for s in ranks],
+                                                ranks[0].resources, settings)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import ray
 
@@ -85,7 +85,8 @@ class ActorGroup:
     hosts (below), which answer the same ``handle.method.remote(...)``.
 
     ``ActorGroup.spawn`` starts rank i of ``worker_cls`` on ``slots[i]`` = (placement group,
-    bundle), taking ``resources`` from it (e.g. {"CPU": 0.5} or {"GPU": 0.5, "CPU": 0.1}).
+    bundle), taking ``resources`` from it (e.g. {"CPU": 0.5} or {"GPU": 0.5, "CPU": 0.1}), with
+    ``args[i]`` (if given) after its role, rank and world size.
     ``start()`` then has rank 0 pick MASTER_ADDR/PORT, and every rank joins the process group and
     loads its models (``Worker.init_distributed``).
     """
@@ -97,8 +98,9 @@ class ActorGroup:
 
     @classmethod
     def spawn(cls, worker_cls: type, spec: RunSpec, role: str, slots: Sequence[tuple[Any, int]],
-              resources: dict[str, float]) -> "ActorGroup":
-        return cls(role, [spawn_actor(worker_cls, spec, pg, bundle, resources, role, rank, len(slots))
+              resources: dict[str, float], args: Optional[Sequence[tuple]] = None) -> "ActorGroup":
+        return cls(role, [spawn_actor(worker_cls, spec, pg, bundle, resources, role, rank, len(slots),
+                                      *(args[rank] if args else ()))
                           for rank, (pg, bundle) in enumerate(slots)])
 
     def start(self) -> list:

@@ -7,15 +7,16 @@ process, hence one actor per engine.
 
 * tensor_parallel == 1: the engine runs inside the actor process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
   vLLM's in-process executor), on the actor's GPU or GPU share.
-* tensor_parallel > 1: the actor holds no GPU and vLLM starts one Ray worker per TP rank in the
-  engine's placement-group bundles (``distributed_executor_backend="ray"``,
-  ``VLLM_RAY_BUNDLE_INDICES``; ``VLLM_RAY_PER_WORKER_GPUS`` is the GPU share in hybrid placement).
+* tensor_parallel > 1: the actor holds no GPU and vLLM's Ray executor
+  (``distributed_executor_backend="ray"``) starts one Ray worker per TP rank on the bundles
+  ``bundle_indices`` (``VLLM_RAY_BUNDLE_INDICES``) of the actor's placement group, each taking
+  ``gpu_share`` of its GPU (``VLLM_RAY_PER_WORKER_GPUS``). The launcher decides both
+  (``rlhf.launch.cluster.placement``) and the rollout worker passes them here.
 
 Sampled-token logprobs come from vLLM's sampler in ``processed_logprobs`` mode (after temperature,
 like the trainer's ``token_logprobs(logits, tokens, temperature)``); ``logprob_mismatch`` compares
 them with the trainer's recomputation.
 
-``create_vllm_engines(spec, model_path, ...)`` builds the engines of a run from its spec.
 Nothing here imports vLLM at module level.
 """
 
@@ -97,8 +98,9 @@ class VLLMEngine:
     """A vLLM engine in this process; implements ``rlhf.rollout.engine.RolloutEngine``.
 
     ``VLLMEngine(spec, tokenizer)`` (what ``rlhf.workers.rollout.make_engine`` calls) takes the settings
-    from a run spec; ``VLLMEngine(EngineConfig(...))`` from explicit settings. As a Ray actor
-    (``create_vllm_engines``) the weight-sync methods below are what the trainer's senders call.
+    from a run spec (keyword arguments: ``EngineConfig`` fields over the spec's);
+    ``VLLMEngine(EngineConfig(...))`` from explicit settings. The weight-sync methods below are
+    what the trainer's senders call through the rollout worker.
     """
 
     def __init__(self, cfg: Any, tokenizer: Any = None, **over: Any) -> None:
@@ -389,54 +391,6 @@ def engine_config(spec: RunSpec, model_path: str, **over: Any) -> EngineConfig:
     for k, v in over.items():
         setattr(cfg, k, v)
     return cfg
-
-
-def create_vllm_engines(
-    spec: RunSpec,
-    model_path: str,
-    *,
-    placement_group: Any = None,
-    bundle_of_device: Optional[dict[int, int]] = None,
-    gpu_share: Optional[float] = None,
-    **over: Any,
-) -> list[Any]:
-    """One Ray actor per engine of ``spec.layout.engines`` (tuples of device indices).
-
-    ``placement_group``: the run's group with one GPU bundle per device; ``bundle_of_device`` maps a
-    device index to its bundle (default: the same number). ``gpu_share``: the GPU fraction each
-    engine rank takes, default 0.5 in hybrid placement (the trainer takes the rest of the bundle)
-    and 1 otherwise. Without a placement group the actors ask Ray for GPUs directly.
-    Returns the actor handles, started (their constructors have finished).
-    """
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    hybrid = spec.placement.mode == "hybrid"
-    share = float(gpu_share if gpu_share is not None else (0.5 if hybrid else 1.0))
-    actors = []
-    for devs in spec.layout.engines:
-        tp = len(devs)
-        bundles = [bundle_of_device.get(d, d) if bundle_of_device else d for d in devs]
-        cfg = engine_config(spec, model_path, **over)
-        cfg.tensor_parallel = tp
-        # (the constructor sets the vLLM environment variables itself, before importing vLLM)
-        opts: dict[str, Any] = {"num_cpus": 0}
-        if tp == 1:
-            opts["num_gpus"] = share
-        else:
-            opts["num_gpus"] = 0
-            cfg.bundle_indices = bundles
-            cfg.gpu_share = share
-        if placement_group is not None:
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=placement_group,
-                placement_group_bundle_index=bundles[0],
-                placement_group_capture_child_tasks=True,
-            )
-        actor = ray.remote(VLLMEngine).options(**opts).remote(cfg)
-        actors.append(actor)
-    ray.get([a.ready.remote() for a in actors])
-    return actors
 
 
 def gpu_bytes_of_process(pid: Optional[int] = None) -> Optional[int]:

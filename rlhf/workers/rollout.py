@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     from rlhf.spec.runspec import RunSpec
 
 
-def make_engine(spec: RunSpec, model, tokenizer, device: str = "cpu") -> RolloutEngine:
-    """The rollout engine for ``spec.rollout_engine``: hf (``model`` loaded by the caller) or vllm."""
+def make_engine(spec: RunSpec, model, tokenizer, device: str = "cpu", **settings) -> RolloutEngine:
+    """The rollout engine for ``spec.rollout_engine``: hf (``model`` loaded by the caller) or vllm,
+    with ``settings`` (``rlhf.rollout.vllm.EngineConfig`` fields) over the spec's."""
     if spec.rollout_engine == "hf":
         from rlhf.rollout.hf import HFEngine
 
@@ -21,13 +22,21 @@ def make_engine(spec: RunSpec, model, tokenizer, device: str = "cpu") -> Rollout
     if spec.rollout_engine == "vllm":
         from rlhf.rollout.vllm import VLLMEngine
 
-        return VLLMEngine(spec, tokenizer)
+        return VLLMEngine(spec, tokenizer, **settings)
     raise ValueError(f"unknown rollout engine {spec.rollout_engine!r}")
 
 
 class RolloutWorker(Worker):
-    """One rollout engine (a TP group's rank 0 on GPU; one process on CPU), held as ``engine``;
-    every method the driver, the weight senders and the hybrid schedule call forwards to it."""
+    """One rollout engine (on GPU a vLLM engine, whose TP ranks are vLLM's own Ray workers when
+    TP > 1; one process on CPU), held as ``engine``;
+    every method the driver, the weight senders and the hybrid schedule call forwards to it.
+    ``engine_settings``: what the launcher decides for this engine (``rlhf.launch.cluster.placement``:
+    a TP > 1 vLLM engine's placement-group bundles and GPU share)."""
+
+    def __init__(self, spec: RunSpec, role: str, rank: int, world_size: int,
+                 engine_settings: Optional[dict] = None):
+        super().__init__(spec, role, rank, world_size)
+        self.engine_settings = dict(engine_settings or {})
 
     def setup(self) -> None:
         from rlhf.models import load_model, load_tokenizer, model_dir
@@ -40,7 +49,8 @@ class RolloutWorker(Worker):
                                pad_token_id=self.tokenizer.pad_token_id)
             if self.device == "cuda":
                 model = model.cuda()
-        self.engine = make_engine(self.spec, model, self.tokenizer, device="cpu" if self.device == "cpu" else "cuda")
+        self.engine = make_engine(self.spec, model, self.tokenizer, device="cpu" if self.device == "cpu" else "cuda",
+                                  **self.engine_settings)
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         # HF engines need no process group; a vLLM engine sets up its own TP group.

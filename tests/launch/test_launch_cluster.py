@@ -66,11 +66,12 @@ def test_bundles_of_a_cpu_run_are_worker_slots(ray_stand_in):
 
 @pytest.fixture
 def spawned(monkeypatch, ray_stand_in):
-    """``_place`` with the actor spawns recorded: role -> (worker class, bundles, resources)."""
+    """``_place`` with the actor spawns recorded: role -> (worker class, bundles, resources, each
+    rank's further constructor arguments)."""
     out: dict = {}
 
-    def spawn(cls, worker_cls, spec, role, slots, resources):
-        out[role] = (worker_cls.__name__, [b for _, b in slots], resources)
+    def spawn(cls, worker_cls, spec, role, slots, resources, args=None):
+        out[role] = (worker_cls.__name__, [b for _, b in slots], resources, args)
         return ActorGroup(role, [f"{role}{i}" for i in range(len(slots))])
 
     monkeypatch.setattr(ActorGroup, "spawn", classmethod(spawn))
@@ -86,7 +87,7 @@ def test_hybrid_gpu_roles_share_each_device_equally(spawned):
     cluster = launch.Cluster(spec=spec)
     launch._place(spec, cluster)
     assert hosts == []
-    assert {r: res for r, (_, _, res) in out.items()} == {r: {"GPU": 0.25, "CPU": 0.25} for r in spec.roles}
+    assert {r: res for r, (_, _, res, _) in out.items()} == {r: {"GPU": 0.25, "CPU": 0.25} for r in spec.roles}
     assert out["actor"][0] == "PolicyWorker" and out["critic"][0] == "CriticWorker"
     assert out["reference"][0] == "ReferenceWorker" and out["rollout"][0] == "RolloutWorker"
 
@@ -95,7 +96,7 @@ def test_disaggregated_gpu_roles_take_whole_devices(spawned):
     out, _ = spawned
     spec = _spec(["algo=ppo", *GPU, "placement=disaggregated"])
     launch._place(spec, launch.Cluster(spec=spec))
-    assert all(res == {"GPU": 1.0, "CPU": 1.0} for _, _, res in out.values())
+    assert all(res == {"GPU": 1.0, "CPU": 1.0} for _, _, res, _ in out.values())
 
 
 def test_cpu_hybrid_puts_every_role_of_a_device_in_one_host(spawned):
@@ -143,3 +144,101 @@ def test_plan_nodes_are_the_drivers_first_then_by_address(monkeypatch):
     with pytest.raises(UserError, match=r"needs 4 nodes with 8 GPUs and 8 CPUs each, but the Ray cluster has 2 "
                                         r"such nodes .*hardware.nodes=2"):
         launch.ray_nodes(spec)
+
+
+# TP > 1 vLLM engines: 2 engines × TP 2, in hybrid placement on 4 GPUs, and disaggregated on 8 (4 GPUs
+# cannot hold them beside an actor) and on 4 with one engine.
+SMALL = ["algo=grpo", "model=qwen2.5-0.5b", "hardware=8xh100", "placement.rollout.tensor_parallel=2"]
+TP_LAYOUTS = {
+    "hybrid-4": [*SMALL, "hardware.devices_per_node=4"],
+    "disaggregated-8": [*SMALL, "placement=disaggregated", "placement.rollout.engines=2"],
+    "disaggregated-4": [*SMALL, "hardware.devices_per_node=4", "placement=disaggregated", "placement.rollout.engines=1"],
+}
+
+
+@pytest.mark.parametrize("name", TP_LAYOUTS)
+def test_each_tp_engine_gets_the_bundles_of_its_own_gpus(name):
+    from rlhf.spec.plan import render_plan
+
+    spec = _spec(TP_LAYOUTS[name])
+    lay, groups, engines = spec.layout, launch.group_devices(spec), launch.placement(spec)["rollout"]
+    assert len(engines) == (1 if name == "disaggregated-4" else 2) and lay.rollout_tp == 2
+    plan, taken = render_plan(spec), set()
+    for i, slot in enumerate(engines):
+        bundles = slot.engine["bundle_indices"]
+        assert len(bundles) == 2 and bundles[0] == slot.bundles[0]  # the engine's process sits on its first
+        devices = tuple(groups[slot.group][b] for b in bundles)
+        assert devices == lay.engines[i]
+        assert f"device {devices[0]}-{devices[1]}: vllm engine {i} (TP 2)" in plan
+        assert taken.isdisjoint((slot.group, b) for b in bundles)
+        taken.update((slot.group, b) for b in bundles)
+        assert slot.resources["GPU"] == 0.0  # vLLM's TP workers hold the GPUs, not the engine's process
+    if lay.mode == "disaggregated":
+        assert groups["rollout"] == tuple(d for e in lay.engines for d in e)
+        assert [s.engine["gpu_share"] for s in engines] == [1.0] * len(engines)
+
+
+@pytest.mark.parametrize("name", TP_LAYOUTS)
+def test_every_bundle_holds_what_is_asked_of_it(name):
+    """What the processes and vLLM's TP workers take of each bundle fits in it: in hybrid
+    placement the roles and the engines' TP workers fill each GPU exactly."""
+    spec = _spec(TP_LAYOUTS[name])
+    gpu: dict = {}
+    cpu: dict = {}
+    for slots in launch.placement(spec).values():
+        for s in slots:
+            gpu[s.group, s.bundles[0]] = gpu.get((s.group, s.bundles[0]), 0.0) + s.resources.get("GPU", 0.0)
+            cpu[s.group, s.bundles[0]] = cpu.get((s.group, s.bundles[0]), 0.0) + s.resources["CPU"]
+            for b in s.engine.get("bundle_indices", ()):
+                gpu[s.group, b] = gpu.get((s.group, b), 0.0) + s.engine["gpu_share"]
+    bundles = {(g, b) for g, devs in launch.group_devices(spec).items() for b in range(len(devs))}
+    assert set(gpu) == bundles
+    assert all(v == pytest.approx(1.0) for v in gpu.values()), gpu
+    assert all(v <= 1.0 + 1e-9 for v in cpu.values()), cpu
+
+
+def test_the_launcher_hands_each_tp_engine_its_bundles(spawned):
+    out, _ = spawned
+    base = [*SMALL[:-1], "hardware.devices_per_node=4"]
+    spec = _spec([*base, "placement.rollout.tensor_parallel=2"])
+    launch._place(spec, launch.Cluster(spec=spec))
+    assert out["rollout"] == ("RolloutWorker", [0, 2], {"GPU": 0.0, "CPU": 1 / 3},
+                              [({"bundle_indices": (0, 1), "gpu_share": 1 / 3},),
+                               ({"bundle_indices": (2, 3), "gpu_share": 1 / 3},)])
+    assert all(a is None for role, (_, _, _, a) in out.items() if role != "rollout")
+    spec = _spec(base)  # TP 1: an engine in its own process on its one device, as before
+    launch._place(spec, launch.Cluster(spec=spec))
+    assert out["rollout"] == ("RolloutWorker", [0, 1, 2, 3], {"GPU": 1 / 3, "CPU": 1 / 3}, None)
+
+
+def test_a_tp_engine_starts_vllm_on_its_bundles(monkeypatch):
+    """The launcher's settings through the rollout worker to vLLM: ``VLLM_RAY_BUNDLE_INDICES``
+    and the Ray executor (vLLM is a stand-in that records its arguments)."""
+    import os
+    import sys
+    import types
+
+    import torch
+
+    import rlhf.models
+    from rlhf.workers import base
+    from rlhf.workers.rollout import RolloutWorker
+
+    made = []
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=lambda **kw: made.append(kw)))
+    monkeypatch.setattr(rlhf.models, "model_dir", lambda spec: "/m")
+    monkeypatch.setattr(rlhf.models, "load_tokenizer", lambda path: NS(eos_token_id=2))
+    monkeypatch.setattr(base, "skip_unused_imports", lambda: None)  # it hides mlflow from this process
+    monkeypatch.delenv("RLHF_VLLM_ARGS", raising=False)
+    for key in ("VLLM_RAY_BUNDLE_INDICES", "VLLM_RAY_PER_WORKER_GPUS", "VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        monkeypatch.setenv(key, "")  # restored (unset) after the test
+    spec = _spec(TP_LAYOUTS["disaggregated-8"])
+    engines = launch.placement(spec)["rollout"]
+    for rank, slot in enumerate(engines):
+        with torch.random.fork_rng():
+            worker = RolloutWorker(spec, "rollout", rank, len(engines), slot.engine)
+        worker.setup()
+        assert made[-1]["tensor_parallel_size"] == 2 and made[-1]["distributed_executor_backend"] == "ray"
+        assert os.environ["VLLM_RAY_BUNDLE_INDICES"] == ",".join(map(str, slot.bundles))
+        assert float(os.environ["VLLM_RAY_PER_WORKER_GPUS"]) == 1.0
+    assert spec.layout.engines == ((4, 5), (6, 7)) and [e.bundles for e in engines] == [(0, 1), (2, 3)]
