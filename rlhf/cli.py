@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.config import (EXIT_USER, GROUPS, build_spec, claim_run_dir, compose, default_choices, describe,
-                         group_options, release, resume_dir, resume_spec)
+                         group_options, release, resume_dir, resume_overrides, resume_spec)
 from rlhf.config import register_configs, run_dir_for  # noqa: F401 - scripts and tests import them from here
 from rlhf.config.rundir import Claimed
+from rlhf.quoting import quote_value
 from rlhf.run import check_before_run, execute
 from rlhf.spec.runspec import RunSpec
 
@@ -223,8 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             spec = resume_spec(resume, overrides, args.plan)
             if spec.mode == "plan":
                 return execute(spec)
-            folder = str(Path(resume).expanduser().resolve())
-            return run_in_hydra(spec, [*overrides, f"output_dir={folder}", f"resume={folder}"], config_dir=folder)
+            folder = Path(resume).expanduser().resolve()
+            return run_in_hydra(spec, [*overrides, *resume_overrides(folder)], config_dir=str(folder))
         cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
         claimed = None if args.plan else claim_run_dir(cfg, args.config_dir)
         try:
@@ -277,16 +278,11 @@ def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[s
         except BaseException as e:  # noqa: BLE001 - raised again outside Hydra, which would print it as its own
             raised.append(e)
 
-    argv = [*hydra_overrides(config_dir), *overrides, f"hydra.run.dir={_quote(str(spec.output_dir))}"]
+    argv = [*hydra_overrides(config_dir), *overrides, f"hydra.run.dir={quote_value(str(spec.output_dir))}"]
     code = run_app(task, argv, config_dir=config_dir, config_name=config_name)
     if raised:
         raise raised[0]
     return codes[0] if codes else (code or 1)
-
-
-def _quote(value: str) -> str:
-    """An override value that Hydra's grammar reads back verbatim (paths with spaces, =, ...)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def entrypoint() -> None:

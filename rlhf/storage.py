@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from rlhf.quoting import resume_command
+
 FULL = {errno.ENOSPC, errno.EDQUOT}
 READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 GONE = {errno.ENOENT, errno.ESTALE}
@@ -138,12 +140,12 @@ def message(kind: str, what: str, path: str | os.PathLike, run_dir: str | os.Pat
     if kind == "read-only":
         return (f"{path} could not be written ({reason}) while writing {what}: the output dir became read-only or "
                 f"lost its permissions. {intact(run_dir)} Make {run_dir} writable again, then continue with "
-                f"rlhf-run resume={run_dir}.")
+                f"{resume_command(run_dir)}.")
     need = f"it needs {'about ' if needs_what else ''}{human(needs)}{f' ({needs_what})' if needs_what else ''}, " \
         if needs else ""
     head = "disk full" if kind == "full" else "write failed (most likely a full disk)"
     return (f"{head} while writing {what} to {path} ({reason}): {need}{human(free)} free there. {intact(run_dir)} "
-            f"Free space (or give output_dir= on a larger disk), then continue with rlhf-run resume={run_dir}.")
+            f"Free space (or give output_dir= on a larger disk), then continue with {resume_command(run_dir)}.")
 
 
 @contextlib.contextmanager
@@ -184,7 +186,7 @@ def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
     if where is None:  # ENOSPC without a path: the run dir, or Ray's temp dir, or a cache
         return (f"disk full ({reason_of(e)}): the run dir {run_dir} has {human(free_bytes(run_dir))} free; Ray's "
                 f"temp dir (/tmp/ray) and the caches are other places it writes. {intact(run_dir)} Free space, then "
-                f"continue with rlhf-run resume={run_dir}.")
+                f"continue with {resume_command(run_dir)}.")
     return message(kind, "the run's files", where, run_dir, reason_of(e), free=free_bytes(where))
 
 

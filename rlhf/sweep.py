@@ -39,6 +39,8 @@ from rlhf.run import execute
 from rlhf.spec.errors import SpecError
 from rlhf.spec.runspec import RunSpec
 
+SWEEP_CPU_SLOTS = 64  # the worker slots of a CPU sweep's Ray cluster without ray.num_cpus
+
 
 @dataclass
 class Job:
@@ -90,29 +92,12 @@ class RaySweepHooks(SweepHooks):
     def job_start(self, job: Job, spec: RunSpec) -> None:
         if spec.mode != "run" or spec.ray.address:
             return
-        import os
+        from rlhf.launch.cluster import init_ray
 
-        import ray
-
-        if ray.is_initialized():
-            return
-        from rlhf.launch.group import worker_env
-
-        cpus = spec.ray.num_cpus or os.cpu_count() or 1
-        kwargs: dict = {"address": "local", "include_dashboard": False,  # the sweep's own cluster
-                        "runtime_env": {"env_vars": worker_env(spec)}, "log_to_driver": True}
-        if spec.device == "cpu":  # logical slots only gate scheduling: room for any job's layout,
-            # unless ray.num_cpus sets the worker slots (the parallel launcher fits jobs into them)
-            slots = max(spec.ray.num_cpus, spec.layout.total_devices) if spec.ray.num_cpus else max(cpus, 64)
-            kwargs.update(num_cpus=slots, num_gpus=0)
-        else:
-            kwargs["num_cpus"] = cpus
-        try:
-            ray.init(**kwargs)
-        except Exception:  # noqa: BLE001 - a raylet slow to register on a loaded machine: once more
-            ray.shutdown()
-            ray.init(**kwargs)
-        self.started = True
+        # on CPU, unless ray.num_cpus sets the worker slots (the parallel launcher fits jobs into
+        # them), room for any job's layout: the first job's cluster serves them all
+        if init_ray(spec, min_cpu_slots=SWEEP_CPU_SLOTS):
+            self.started = True
 
     def sweep_end(self, sweep_dir: Optional[str], results: Sequence[JobResult]) -> None:
         if self.started:

@@ -7,12 +7,13 @@ neither of them, nor the Hydra app (``rlhf.hydra_app``) that runs a job.
     overrides.py    parse_overrides, check_group_choices
     composition.py  compose, hydra_message (a Hydra/OmegaConf error → one line)
     rundir.py       stamped, unique_dir, run_dir_for, release (a claimed run dir given back)
-    build.py        changes_from_defaults, claim_run_dir, build_spec, resume_spec
+    build.py        changes_from_defaults, claim_run_dir, build_spec, resume_spec, resume_overrides
     describe.py     describe (rlhf-run --describe KEY: a key's type, value and help text from the schema)
     exits.py        the exit codes
 """
 
-from rlhf.config.build import build_spec, changes_from_defaults, claim_run_dir, resume_dir, resume_spec
+from rlhf.config.build import (build_spec, changes_from_defaults, claim_run_dir, resume_dir, resume_overrides,
+                               resume_spec)
 from rlhf.config.composition import compose, hydra_message
 from rlhf.config.describe import describe
 from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
@@ -25,5 +26,6 @@ __all__ = [
     "EXIT_FAILURE", "EXIT_INTERRUPT", "EXIT_TERMINATED", "EXIT_USER", "GROUPS",
     "INTERNAL_GROUPS", "build_spec", "changes_from_defaults", "check_group_choices", "claim_run_dir", "compose",
     "default_choices", "describe", "group_choices", "group_options", "hydra_message", "parse_overrides",
-    "register_configs", "release", "resume_dir", "resume_spec", "run_dir_for", "stamped", "unique_dir",
+    "register_configs", "release", "resume_dir", "resume_overrides", "resume_spec", "run_dir_for", "stamped",
+    "unique_dir",
 ]

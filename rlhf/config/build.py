@@ -11,6 +11,7 @@ from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
 from rlhf.config.overrides import parse_overrides
 from rlhf.config.rundir import Claimed, existing_parent, run_dir_for, run_dir_name
 from rlhf.paths import recipes_dir
+from rlhf.quoting import quote_value, resume_command
 from rlhf.spec.runspec import RunSpec
 
 
@@ -103,11 +104,20 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
 
 
 def resume_dir(overrides: Sequence[str]) -> Optional[str]:
-    """The run dir of ``resume=DIR`` among the overrides, if any."""
+    """The run dir of ``resume=DIR`` among the overrides, if any, read by Hydra's grammar (a dir
+    with a comma is quoted: ``resume='runs/a,b'``; unquoted, the grammar reads a sweep of two)."""
+    from rlhf.spec.errors import SpecError
+
     for o in overrides:
-        k, _, v = o.partition("=")
-        if k == "resume" and v not in ("", "null"):
-            return v
+        if o.partition("=")[0] != "resume":
+            continue
+        (override,) = parse_overrides([o])
+        if override.is_sweep_override():
+            raise SpecError([f"{o}: resume= takes one run dir, and Hydra reads a comma as a list of values. "
+                             f"Quote a dir with a comma: {resume_command(o.partition('=')[2])}"])
+        value = override.value()
+        if value not in ("", None):
+            return str(value)
     return None
 
 
@@ -123,8 +133,13 @@ def resume_spec(run_dir: str, overrides: Sequence[str], plan: bool = False) -> R
     if not (folder / "config.yaml").is_file():
         raise SpecError([f"resume={run_dir}: no config.yaml there. Give the run dir of the run to continue "
                          "(outputs/<date>/<time>, the one holding config.yaml and checkpoints/)."])
-    cfg = compose(list(overrides) + [f"output_dir={folder}", f"resume={folder}"], config_dir=str(folder),
+    cfg = compose(list(overrides) + resume_overrides(folder), config_dir=str(folder),
                   config_name="config")
     with open_dict(cfg):
         cfg.mode = "plan" if plan else "run"
     return build(cfg, overrides=tuple(overrides), changes=(f"resume={folder}", *overrides))
+
+
+def resume_overrides(folder: Path) -> list[str]:
+    """The overrides that put a resumed run back in its run dir (quoted: the dir may hold a comma)."""
+    return [f"output_dir={quote_value(str(folder))}", f"resume={quote_value(str(folder))}"]

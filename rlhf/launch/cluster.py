@@ -96,9 +96,11 @@ class Cluster:
         self.started_ray = False
 
 
-def init_ray(spec: RunSpec) -> bool:
+def init_ray(spec: RunSpec, min_cpu_slots: int = 0) -> bool:
     """Join ``spec.ray.address``, reuse a Ray already initialised in this process, or start one
-    locally. Returns True when this call started Ray (the cluster then shuts it down)."""
+    locally. Returns True when this call started Ray (the cluster then shuts it down).
+    ``min_cpu_slots``: on CPU without ``ray.num_cpus``, a new local cluster has at least this many
+    worker slots (a sweep's one cluster: room for any of its jobs' layouts)."""
     if ray.is_initialized():
         return False
     env = {"env_vars": worker_env(spec)}
@@ -115,12 +117,16 @@ def init_ray(spec: RunSpec) -> bool:
     # machine (without it ray.init joins that one); ray.address=auto joins on purpose
     kwargs: dict = {"address": "local", "include_dashboard": False, "runtime_env": env, "log_to_driver": True,
                     "logging_level": logging.WARNING}
-    if spec.device == "cpu":
-        kwargs["num_cpus"] = max(cpus, total)
+    if spec.device == "cpu":  # logical slots: they only gate scheduling
+        kwargs["num_cpus"] = max(cpus, total, 0 if spec.ray.num_cpus else min_cpu_slots)
         kwargs["num_gpus"] = 0
     else:
         kwargs["num_cpus"] = cpus
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except Exception:  # noqa: BLE001 - a raylet slow to register on a loaded machine: once more
+        ray.shutdown()
+        ray.init(**kwargs)
     return True
 
 

@@ -9,13 +9,15 @@ Normalisation: each micro-batch carries ``loss_scale`` (a float tensor) that the
 summing ``loss`` over every micro-batch of every rank gives the global-batch mean (tokens for SFT,
 pairs for RM/DPO), times the data-parallel world size because DeepSpeed averages gradients over
 ranks (see ``rlhf.algos.losses`` for the same convention in RL). ``stats`` are sums (not means)
-so the driver can add them over micro-batches and ranks and divide once.
+so the driver can add them over micro-batches and ranks and divide once; they stay tensors on the
+model's device (or plain counts), which the worker adds there and reads once per optimizer step:
+reading each on the host here would make the host wait for the device on every micro-batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -23,7 +25,7 @@ from rlhf.algos.preference import bradley_terry_loss, dpo_loss
 from rlhf.data.preference import last_token_values, sequence_logps
 from rlhf.data.sft import model_inputs
 
-Stats = dict[str, float]
+Stats = dict[str, Union[torch.Tensor, float]]  # 0-d tensors on the model's device, or plain counts
 
 
 def _inputs(model: Any, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -106,7 +108,7 @@ class SFTObjective:
         keep[:, 0] = False
         nll = -token_logps(model, mb, keep, self.compile).sum()
         loss = nll * mb["loss_scale"].to(nll.dtype)
-        return loss, {"nll_sum": float(nll.detach()), "tokens": float(keep.sum())}
+        return loss, {"nll_sum": nll.detach(), "tokens": keep.sum()}
 
 
 def sequence_scores(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -135,11 +137,11 @@ class RMObjective:
         loss, acc = bradley_terry_loss(chosen, rejected, m)
         total = loss.sum()
         return total * mb["loss_scale"].to(total.dtype), {
-            "loss_sum": float(total.detach()),
-            "correct": float(acc.sum()),
+            "loss_sum": total.detach(),
+            "correct": acc.detach().sum(),
             "pairs": float(chosen.numel()),
-            "chosen_score_sum": float(chosen.detach().sum()),
-            "rejected_score_sum": float(rejected.detach().sum()),
+            "chosen_score_sum": chosen.detach().sum(),
+            "rejected_score_sum": rejected.detach().sum(),
         }
 
 
@@ -176,14 +178,14 @@ class DPOObjective:
         )
         total = loss.sum()
         return total * mb["loss_scale"].to(total.dtype), {
-            "loss_sum": float(total.detach()),
+            "loss_sum": total.detach(),
             "pairs": float(loss.numel()),
-            "correct": float(m["accuracy"].sum()),
-            "chosen_reward_sum": float(m["chosen_reward"].sum()),
-            "rejected_reward_sum": float(m["rejected_reward"].sum()),
-            "margin_sum": float(m["margin"].sum()),
-            "chosen_logp_sum": float(logp[0::2].detach().sum()),
-            "rejected_logp_sum": float(logp[1::2].detach().sum()),
+            "correct": m["accuracy"].detach().sum(),
+            "chosen_reward_sum": m["chosen_reward"].detach().sum(),
+            "rejected_reward_sum": m["rejected_reward"].detach().sum(),
+            "margin_sum": m["margin"].detach().sum(),
+            "chosen_logp_sum": logp[0::2].detach().sum(),
+            "rejected_logp_sum": logp[1::2].detach().sum(),
         }
 
 

@@ -30,6 +30,7 @@ from rlhf.algos import objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource
+from rlhf.quoting import resume_command
 from rlhf.rewards import Rewards
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
@@ -243,7 +244,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
                 if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
                     if ckpt.last_saved != step + 1:
                         maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
-                    console.print(f"stopped after step {step + 1}: continue with rlhf-run resume={run_dir}")
+                    console.print(f"stopped after step {step + 1}: continue with {resume_command(run_dir)}")
                     raise stop.exception()
             if start >= spec.train.steps and not (Path(run_dir) / "final" / "hf").is_dir():  # its export had failed
                 console.print(f"saved {ckpt_io.export_final(spec, cluster, run_dir)} (HF format)")

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from rlhf.data.files import Records, load_files, split_eval
+from rlhf.quoting import resume_command
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.train import PolicyWorker
@@ -359,7 +360,7 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
                 path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics={**log.history[-1], **after})
                 console.print(f"checkpoint: {path}")
             if stopping:
-                console.print(f"stopped after step {done}: continue with rlhf-run resume={run_dir}")
+                console.print(f"stopped after step {done}: continue with {resume_command(run_dir)}")
                 raise stop.exception()
     finally:
         stop.restore()

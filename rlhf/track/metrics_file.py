@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf import storage
+from rlhf.quoting import resume_command
 
 
 class MetricsFile:
@@ -53,7 +54,7 @@ class MetricsFile:
                                                        "the file this run appends to is gone"))
         raise storage.StorageError(
             f"{self.path} was deleted or replaced during the run (by a cleanup script, or another program). "
-            f"{storage.intact(self.run_dir)} Continue with rlhf-run resume={self.run_dir}.")
+            f"{storage.intact(self.run_dir)} Continue with {resume_command(self.run_dir)}.")
 
     def close(self) -> None:
         if self._fd is not None:

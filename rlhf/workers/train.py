@@ -246,16 +246,10 @@ class _Model(Worker):
         module = self._fn_module()
         was_training = module.training
         module.eval()
-        out = []
-        for mb in micro_batches:
-            r = fn(module, _to(mb, self.torch_device()))
-            if isinstance(r, tuple):
-                r = tuple(x.detach().cpu() if torch.is_tensor(x) else x for x in r)
-            elif torch.is_tensor(r):
-                r = r.detach().cpu()
-            out.append(r)
+        out = [fn(module, _to(mb, self.torch_device())) for mb in micro_batches]
         module.train(was_training)
-        return out
+        # to the CPU after the last micro-batch: a copy per micro-batch would make the host wait for each
+        return [tuple(_cpu(x) for x in r) if isinstance(r, tuple) else _cpu(r) for r in out]
 
 
 class TrainedWorker(_Model):
@@ -399,14 +393,14 @@ class PolicyWorker(TrainedWorker):
                              f"{self.engine.gradient_accumulation_steps()} per optimizer step")
         self.engine.train()
         module = self.engine.module
-        sums: dict[str, float] = {}
+        stats = _StatSums()  # the objectives' tensors summed on the device, read once after the loop
         self.last_grad_norm = None
         for mb in micro_batches:
-            loss, stats = objective(module, _to(mb, self.torch_device()))
+            loss, mb_stats = objective(module, _to(mb, self.torch_device()))
             self.engine.backward(loss, scale_wrt_gas=False)
             self._step()
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            stats.add_sums(mb_stats)
+        sums = stats.totals()
         gn = self.last_grad_norm
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
@@ -481,6 +475,10 @@ class PolicyWorker(TrainedWorker):
                                              dtype=torch_dtype(self.spec.model.dtype)))
 
 
+def _cpu(x):
+    return x.detach().cpu() if torch.is_tensor(x) else x
+
+
 def _own_state_dict(module) -> dict[str, torch.Tensor]:
     """The module's own state dict on the CPU (for a LoRA model: peft names, adapters included)."""
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
@@ -524,6 +522,15 @@ class _StatSums:
         value = value.double() if torch.is_tensor(value) else value
         self.sums[name] = self.sums.get(name, 0.0) + value * weight
         self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_sums(self, sums: dict[str, Any]) -> None:
+        """Plain sums (a supervised objective's stats), each added with weight 1; see ``totals``."""
+        for name, value in sums.items():
+            self.add(name, value, 1.0)
+
+    def totals(self) -> dict[str, float]:
+        """The plain sums of ``add_sums``, read once."""
+        return {k: s for k, (s, _) in self.result().items()}
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch

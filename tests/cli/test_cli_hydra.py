@@ -243,3 +243,29 @@ def test_optuna_search_of_grpo_tiny_in_mlflow(optuna_sweep):
     assert parent.data.metrics["sweep/best_objective"] == pytest.approx(max(objectives))
     best_job = int(parent.data.tags["rlhf.best_job"])
     assert objectives[best_job] == pytest.approx(max(objectives))
+
+
+def test_resume_of_a_run_dir_with_a_comma_quotes_and_brackets(recording_run, tmp_path, monkeypatch, capsys):
+    """The line a stopped run prints (``continue with rlhf-run resume=...``) resumes a run dir whose
+    name Hydra's grammar would split (a comma) or reject (quotes, brackets, a trailing backslash)."""
+    import shlex
+
+    from rlhf.quoting import quote_value, resume_command
+
+    monkeypatch.chdir(tmp_path)
+    name = "runs/a,b [it's \"x\"] \\"
+    assert cli.main([*ARGV, f"output_dir={quote_value(name)}"]) == 0
+    run_dir = tmp_path.resolve() / name
+    assert recording_run[-1][0].output_dir == str(run_dir) and (run_dir / "config.yaml").is_file()
+
+    argv = shlex.split(resume_command(run_dir))
+    assert argv[0] == "rlhf-run" and cli.main([*argv[1:], "train.steps=5"]) == 0
+    spec, _ = recording_run[-1]
+    assert spec.output_dir == spec.resume == str(run_dir) and spec.train.steps == 5
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == [run_dir.name]  # no other run dir made
+
+    # unquoted, the grammar reads a comma as two values: one line saying how to quote it
+    capsys.readouterr()
+    assert cli.main(["resume=runs/a,b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rlhf-run 'resume=\"runs/a,b\"'" in err[0]

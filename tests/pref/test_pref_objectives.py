@@ -245,3 +245,41 @@ def test_padding_free_supervised_passes_equal_the_masked_padded_ones(keymap_tok)
         a, _ = O.SFTObjective()(lm, mb)
         b, _ = O.SFTObjective()(varlen, mb)
     assert float(a) == pytest.approx(float(b), rel=1e-10)
+
+
+def test_objective_stats_stay_on_the_device_and_sum_once_as_read_per_micro_batch(keymap_tok):
+    """A training worker sums the objectives' stats on the device over its micro-batches and reads
+    them once (``rlhf.workers.train._StatSums``, as the RL update does): nothing an objective
+    returns was read back to the host, and the once-read sums equal reading every micro-batch's."""
+    from rlhf.workers.train import _StatSums
+
+    lm, rm = _models(len(keymap_tok))
+    pairs = _pairs(keymap_tok)
+    g = torch.Generator().manual_seed(0)
+    pref = []
+    for chunk in (pairs[0:2], pairs[2:5], pairs[5:6]):
+        mb = P.collate_pairs(chunk, keymap_tok.pad_token_id)
+        mb["loss_scale"] = torch.tensor(1.0 / len(pairs))
+        mb["ref_logp"] = -torch.rand(2 * len(chunk), generator=g) * 5
+        pref.append(mb)
+    sft = []
+    for k in range(3):
+        rows = [S.Row() for _ in range(k + 1)]
+        for j, r in enumerate(rows):
+            ids = keymap_tok(f"key k{j}" + " k1" * k)["input_ids"] + [10 + j, keymap_tok.eos_token_id]
+            r.add(ids, [0] * (len(ids) - 2) + [1, 1], 0)
+        mb = S.collate(rows, keymap_tok.pad_token_id)
+        mb["loss_scale"] = torch.tensor(0.1)
+        sft.append(mb)
+    for model, objective, mbs in ((lm, O.SFTObjective(), sft), (lm, O.DPOObjective(beta=0.2), pref),
+                                  (rm, O.RMObjective(margin=0.5), pref)):
+        once, read_each = _StatSums(), {}
+        for mb in mbs:
+            with torch.no_grad():
+                _, st = objective(model, mb)
+            assert {k for k, v in st.items() if not torch.is_tensor(v)} <= {"pairs"}  # pairs: a shape, no read
+            once.add_sums(st)
+            for k, v in st.items():
+                read_each[k] = read_each.get(k, 0.0) + float(v)
+        assert once.totals() == read_each, type(objective).__name__
+        assert all(type(v) is float for v in once.totals().values())

@@ -4,11 +4,12 @@ actor or placement group is left in the cluster after each job and after the swe
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
-from rlhf.sweep import SweepHooks
+from rlhf.sweep import SWEEP_CPU_SLOTS, SweepHooks
 
 
 def _wait_clean(before) -> tuple[list, list]:
@@ -29,6 +30,7 @@ class LeakCheck(SweepHooks):
     def __init__(self):
         self.before = None
         self.after_jobs: list = []
+        self.slots = None
 
     def job_start(self, job, spec):
         import ray
@@ -37,6 +39,7 @@ class LeakCheck(SweepHooks):
 
         if self.before is None and ray.is_initialized():
             self.before = snapshot()
+            self.slots = ray.cluster_resources().get("CPU")
 
     def job_end(self, job, result):
         import ray
@@ -47,7 +50,7 @@ class LeakCheck(SweepHooks):
 
 
 @pytest.mark.timeout(1500)  # two toy jobs start workers; minutes on a loaded 2-core machine
-def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
+def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
     from rlhf.cli import parse_args
@@ -66,6 +69,10 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch):
     check = LeakCheck()
     code = multirun_main(args, hooks=[RaySweepHooks(), check, MlflowSweepHooks()])
     assert code == 1  # one job failed, the others ran
+    # the sweep's cluster is started as a run's is (rlhf.launch.cluster.init_ray: Ray's own INFO lines
+    # off), with room for any job's layout on CPU
+    assert "Started a local Ray instance" not in capfd.readouterr().err
+    assert check.slots == max(os.cpu_count() or 1, SWEEP_CPU_SLOTS)
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("sweep-test")
