@@ -56,6 +56,11 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, ca
     from rlhf.cli import parse_args
     from rlhf.sweep import MlflowSweepHooks, RaySweepHooks, multirun_main
 
+    import ray
+
+    # the sweep starts its own cluster (what the slot count below checks), not the 8-slot one that
+    # tests/conftest.py's rl_env leaves up for later modules in this process (it starts again there)
+    ray.shutdown()
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
