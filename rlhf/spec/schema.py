@@ -343,6 +343,10 @@ class TrainSpec(Frozen):
     compile_logprobs: Any = doc("auto", "torch.compile the LM head's per-chunk log-prob/entropy passes "
                                 "(forward and written-out backward fused into a few kernels): auto | true | "
                                 "false. auto: on CUDA (a compile failure falls back to eager, with a warning).")
+    expandable_segments: bool = doc(False, "GPU: the training processes' PyTorch allocator maps memory in "
+                                    "growable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), against "
+                                    "the fragmentation that moves a step's reserved peak; the weight-sync buffers "
+                                    "vLLM opens over CUDA IPC stay in ordinary segments.")
     zero_stage: Any = doc("auto", "DeepSpeed ZeRO stage 0-3, or auto: ZeRO-3 only when several ranks share the "
                           "model and ZeRO-2 does not fit; 0 on CPU.")
     seed: int = doc(0, "Seed of data order, sampling and initialisation.")

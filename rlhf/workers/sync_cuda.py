@@ -157,7 +157,7 @@ class CudaIPCSender:
         if self._bufs and self._bufs[0].numel() >= nbytes and self._bufs[0].device == dev:
             return False
         fresh = bool(self._bufs)
-        self._bufs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
+        self._bufs = ipc_buffers(nbytes, dev, 2)
         # reduce_tensor's arguments do not keep a buffer alive: self._bufs does
         self._handles = [reduce_tensor(b)[1] for b in self._bufs]
         return fresh
@@ -301,6 +301,15 @@ class NcclSender:
             except Exception:  # noqa: BLE001
                 pass
         self.comm = None
+
+
+def ipc_buffers(nbytes: int, dev: torch.device, n: int) -> list[torch.Tensor]:
+    """``n`` byte buffers that another process opens by a CUDA IPC handle: plain allocator segments
+    even in a process that grows its segments (``rlhf.workers.allocator``)."""
+    from rlhf.workers.allocator import plain_segments
+
+    with plain_segments():
+        return [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(n)]
 
 
 def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:

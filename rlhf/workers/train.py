@@ -87,6 +87,13 @@ class _Model(Worker):
     kind = "causal_lm"
     lora = False  # the policy's LoRA adapters (PolicyWorker); the critic trains every weight
 
+    def __init__(self, spec: RunSpec, role: str, rank: int, world_size: int):
+        super().__init__(spec, role, rank, world_size)
+        if self.device == "cuda" and spec.train.expandable_segments:
+            from rlhf.workers.allocator import set_expandable_segments
+
+            set_expandable_segments(True)  # before this process allocates anything on the GPU
+
     def model_path(self) -> str:
         from rlhf.models import model_dir
 
