@@ -341,7 +341,8 @@ class PolicyWorker(TrainedWorker):
         R = response_width(batch)
         on_policy = "old_logp" not in batch
         stats = _StatSums()
-        pg_total, flops, optimizer_s = 0.0, 0.0, 0.0
+        pg_total, flops = 0.0, 0.0
+        steps: list = []  # (mark before, mark after) each optimizer step
         longest = 0  # the largest packed micro-batch, in tokens (what the plan sizes activations for)
         dev = self.torch_device()
         t0 = _clock(dev)
@@ -363,10 +364,10 @@ class PolicyWorker(TrainedWorker):
                 ent = unpack(ent, p, len(rows), R)
                 terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
                 self.engine.backward(terms.loss, scale_wrt_gas=False)
-                if i == len(packed) - 1:  # the optimizer step apart: one wait per step, which _step makes anyway
-                    t_step = _clock(dev)
+                if i == len(packed) - 1:  # the optimizer step apart, timed without waiting for it
+                    before = _mark(dev)
                     self._step()
-                    optimizer_s += _clock(dev) - t_step
+                    steps.append((before, _mark(dev)))
                 else:
                     self._step()
                 pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
@@ -383,6 +384,7 @@ class PolicyWorker(TrainedWorker):
         out["actor/pg_loss"] = (float(pg_total) / n_opt, 1.0 / self.world_size)  # combined: the global loss
         out["actor/lr"] = (self.scheduler.get_last_lr()[0], 1.0)
         seconds = _clock(dev) - t0
+        optimizer_s = sum(_between(a, b) for a, b in steps)
         out["perf/update_tflops"] = (flops / max(seconds, 1e-9) / 1e12, 1.0)  # per rank, averaged
         # the same FLOPs over the forward + backward passes alone: what the optimizer step costs apart
         out["perf/fwd_bwd_tflops"] = (flops / max(seconds - optimizer_s, 1e-9) / 1e12, 1.0)
@@ -505,6 +507,23 @@ def _cloned(x):
 def _hf_model(module):
     """The transformers model inside a peft wrapper (whose LoRA layers stay in place)."""
     return module.get_base_model() if hasattr(module, "get_base_model") else module
+
+
+def _mark(device):
+    """A point in the device's stream (a CUDA event; on CPU the clock): ``_between`` two marks, read
+    once the work is done, needs no wait while it is queued."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    import time
+
+    return time.perf_counter()
+
+
+def _between(a, b) -> float:
+    """Seconds from mark ``a`` to mark ``b`` (CUDA events: after a synchronize)."""
+    return a.elapsed_time(b) / 1000.0 if isinstance(a, torch.cuda.Event) else b - a
 
 
 def _clock(device) -> float:
