@@ -49,27 +49,26 @@ def test_algos_imports_are_pure_torch():
     assert "torch" in seen["losses.py"]
 
 
-def test_registry_and_package_import_no_torch():
-    """The spec (no torch) reads the registry: importing it, through the package, loads no torch."""
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints in a new interpreter (nothing imported before it), from the repo root."""
     import subprocess
     import sys
 
-    code = ("import sys, rlhf.algos.registry as r; r.ADVANTAGE_ESTIMATORS.info('gae'); "
-            "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ALGOS_DIR.parents[1]).stdout
-    assert out.strip() == "False"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=ALGOS_DIR.parents[1]).stdout.strip()
+
+
+def test_registry_and_package_import_no_torch():
+    """The spec (no torch) reads the registry: importing it, through the package, loads no torch."""
+    out = _fresh_python("import sys, rlhf.algos.registry as r; r.ADVANTAGE_ESTIMATORS.info('gae'); "
+                        "print('torch' in sys.modules)")
+    assert out == "False"
 
 
 def test_package_name_loads_only_its_home_module():
-    import subprocess
-    import sys
-
-    code = ("import sys; from rlhf.algos import logprobs_from_hidden; "
-            "print(sorted(m for m in sys.modules if m.startswith('rlhf.algos.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ALGOS_DIR.parents[1]).stdout
-    assert out.strip() == "['rlhf.algos.logprobs']"
+    out = _fresh_python("import sys; from rlhf.algos import logprobs_from_hidden; "
+                        "print(sorted(m for m in sys.modules if m.startswith('rlhf.algos.')))")
+    assert out == "['rlhf.algos.logprobs']"
 
 
 def test_scanner_detects_forbidden(tmp_path):
