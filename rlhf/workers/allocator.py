@@ -28,11 +28,6 @@ def set_expandable_segments(on: bool) -> None:
     _expandable = on
 
 
-def expandable_segments() -> bool:
-    """Whether this process turned expandable segments on (``set_expandable_segments``)."""
-    return _expandable
-
-
 @contextmanager
 def plain_segments() -> Iterator[None]:
     """Allocations inside come from ordinary segments (CUDA IPC can share them), whatever the

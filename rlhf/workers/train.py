@@ -345,6 +345,12 @@ class PolicyWorker(TrainedWorker):
         steps: list = []  # (mark before, mark after) each optimizer step
         longest = 0  # the largest packed micro-batch, in tokens (what the plan sizes activations for)
         dev = self.torch_device()
+
+        def step(boundary: bool) -> None:  # an optimizer step is timed apart, without waiting for it
+            before = _mark(dev)
+            self._step()
+            if boundary:
+                steps.append((before, _mark(dev)))
         t0 = _clock(dev)
 
         for k in range(n_opt):
@@ -355,7 +361,7 @@ class PolicyWorker(TrainedWorker):
                 if not rows:  # a rank with fewer micro-batches than another: zero gradient, same collectives
                     lp, _ = self._token_logprobs(module, self._stand_in(p))
                     self.engine.backward(lp.sum() * 0.0, scale_wrt_gas=False)
-                    self._step()
+                    step(i == len(packed) - 1)
                     continue
                 mb = _to({key: block[key][rows] for key in TOKEN_KEYS if key in block}, dev)
                 longest = max(longest, int(p["input_ids"].numel()))
@@ -364,12 +370,7 @@ class PolicyWorker(TrainedWorker):
                 ent = unpack(ent, p, len(rows), R)
                 terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
                 self.engine.backward(terms.loss, scale_wrt_gas=False)
-                if i == len(packed) - 1:  # the optimizer step apart, timed without waiting for it
-                    before = _mark(dev)
-                    self._step()
-                    steps.append((before, _mark(dev)))
-                else:
-                    self._step()
+                step(i == len(packed) - 1)
                 pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
                 for name, v in terms.stats.items():
                     stats.add(f"actor/{name}", v, terms.tokens)
