@@ -138,6 +138,11 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             and s["model"].liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")
+    train = s["train"]
+    for key, value, fix in (("train.compile_logprobs", train.compile_logprobs, "auto (on for CUDA runs) or false"),
+                            ("train.expandable_segments", train.expandable_segments, "false")):
+        if _is(value, (True,)) and hw.accelerator != "cuda":  # settings of CUDA's compiled kernels / allocator
+            p.append(f"{key}=true needs a CUDA GPU, but hardware={hw.name} has none. Use {key}={fix}.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
     _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))

@@ -12,14 +12,13 @@ import pytest
 from rlhf.launch import cluster as launch
 from rlhf.launch.group import ActorGroup, RoleHandle, can_colocate, worker_env
 from rlhf.spec.errors import UserError
+from tests.helpers import planned_spec
 
 GPU = ["hardware=8xh100", "model=llama3-8b"]
 
 
 def _spec(overrides):
-    from rlhf.cli import build_spec, compose
-
-    return build_spec(compose(overrides), overrides, plan=True)
+    return planned_spec(overrides)
 
 
 @pytest.fixture

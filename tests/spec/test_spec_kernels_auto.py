@@ -13,14 +13,13 @@ import types
 import pytest
 
 from rlhf.spec.errors import SpecError, UserError
+from tests.helpers import planned_spec
 
 GPU = ["model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"]
 
 
 def _spec(overrides):
-    from rlhf.cli import build_spec, compose
-
-    return build_spec(compose(overrides), overrides, plan=True)
+    return planned_spec(overrides)
 
 
 def _decision(spec):
@@ -141,3 +140,13 @@ def test_compile_logprobs_auto_by_accelerator():
     with pytest.raises(SpecError) as info:
         _spec(["train.compile_logprobs=maybe"])
     assert "train.compile_logprobs='maybe' is not valid. Use auto (on for CUDA runs), true or false." in str(info.value)
+
+
+@pytest.mark.parametrize("key,fix", [("train.compile_logprobs", "auto (on for CUDA runs) or false"),
+                                     ("train.expandable_segments", "false")])
+def test_cuda_only_settings_are_refused_on_cpu(key, fix):
+    """Set true on a CPU run they would do nothing: one line instead of a silent no-op."""
+    with pytest.raises(SpecError) as info:
+        _spec([f"{key}=true"])
+    assert f"{key}=true needs a CUDA GPU, but hardware=cpu has none. Use {key}={fix}." in str(info.value)
+    assert getattr(_spec([*GPU, f"{key}=true"]).train, key.split(".")[1]) is True  # a GPU run takes them
