@@ -124,9 +124,12 @@ def init_ray(spec: RunSpec, min_cpu_slots: int = 0) -> bool:
         kwargs["num_cpus"] = cpus
     try:
         ray.init(**kwargs)
-    except Exception:  # noqa: BLE001 - a raylet slow to register on a loaded machine: once more
+    except Exception as first:  # noqa: BLE001 - a raylet slow to register on a loaded machine: once more
         ray.shutdown()
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as again:
+            raise again from first  # both failures shown, the first as the cause
     return True
 
 

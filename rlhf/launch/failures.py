@@ -25,6 +25,7 @@ import time
 from typing import Any, Optional
 
 from rlhf.spec.failures import causes
+from rlhf.spec.plan import ranges
 
 ENGINE_DEAD = ("EngineDeadError", "AsyncEngineDeadError")  # vLLM: the engine core process is gone
 # torch's NCCL watchdog, its blocking wait (TORCH_NCCL_BLOCKING_WAIT=1), gloo; a work's "Timeout(ms)=" alone
@@ -220,15 +221,15 @@ def _group(cluster: Any, role: str) -> str:
     else:
         devs = list(spec.layout.roles[role])
         name, n = f"{role} rank", len(devs)
-    who = f"{name}s {_span(tuple(range(n)))}" if n > 1 else f"{name} 0"
+    who = f"{name}s {ranges(tuple(range(n)))}" if n > 1 else f"{name} 0"
     if spec.device != "cuda":
         return who
     per = spec.hardware.devices_per_node
     nodes = sorted({d // per for d in devs})
     if len(nodes) > 1:
-        return f"{who} (nodes {_span(tuple(nodes))})"
+        return f"{who} (nodes {ranges(tuple(nodes))})"
     local = tuple(d % per for d in devs)
-    return f"{who} ({'GPU' if len(local) == 1 else 'GPUs'} {_span(local)})"
+    return f"{who} ({'GPU' if len(local) == 1 else 'GPUs'} {ranges(local)})"
 
 
 def _last_checkpoint(cluster: Any) -> str:
@@ -252,7 +253,7 @@ def _worker_gpus(cluster: Any, role: str, rank: Optional[int]) -> Optional[str]:
     per_node = spec.hardware.devices_per_node
     devs = tuple(spec.layout.engines[rank]) if role == "rollout" else (spec.layout.roles[role][rank],)
     local = tuple(d % per_node for d in devs)
-    return f"GPU {local[0]}" if len(local) == 1 else f"GPUs {_span(local)}"
+    return f"GPU {local[0]}" if len(local) == 1 else f"GPUs {ranges(local)}"
 
 
 def _worker_node(cluster: Any, role: str, rank: Optional[int]) -> Optional[int]:
@@ -293,12 +294,7 @@ def _lost_node(cluster: Any, k: int, actor_id: str, wait_s: float = 30.0) -> Opt
     held = []
     for r, ranks in node_ranks(spec)[k].items():
         what = f"{spec.rollout_engine} engine" if r == "rollout" else f"{r} rank"
-        held.append(f"{what}{'s' if len(ranks) > 1 else ''} {_span(ranks)}")
+        held.append(f"{what}{'s' if len(ranks) > 1 else ''} {ranges(ranks)}")
     held_s = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
     return f"node {k} (Ray node {node_id[:8]} at {info.get('NodeManagerAddress', '?')}, holding {held_s})"
 
-
-def _span(ranks: tuple[int, ...]) -> str:
-    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))

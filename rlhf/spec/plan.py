@@ -29,7 +29,8 @@ from rlhf.spec.runspec import RunSpec
 from rlhf.spec.shape import shape_line
 
 
-def _ranges(devs: tuple[int, ...]) -> str:
+def ranges(devs: tuple[int, ...]) -> str:
+    """Device or rank numbers as the plan prints them: ``0-3`` for a run, ``0,2,5`` otherwise."""
     if not devs:
         return "-"
     if len(devs) > 1 and list(devs) == list(range(devs[0], devs[-1] + 1)):
@@ -190,11 +191,11 @@ def render_plan(spec: RunSpec) -> str:
     if lay.mode == "hybrid":
         trained = [r for r in spec.roles if r != "rollout"]
         shards = f" (ZeRO-{spec.train.zero_stage} shards)" if spec.train.zero_stage == 3 else ""
-        lines.append(f"  device {_ranges(tuple(range(lay.total_devices)))}: {', '.join(trained)}{shards}")
+        lines.append(f"  device {ranges(tuple(range(lay.total_devices)))}: {', '.join(trained)}{shards}")
     else:
         for role in spec.roles:
             if role != "rollout":
-                lines.append(f"  device {_ranges(lay.roles[role])}: {role}")
+                lines.append(f"  device {ranges(lay.roles[role])}: {role}")
     shown: list[Any] = list(enumerate(lay.engines))
     if len(shown) > 4:
         shown = shown[:2] + [None] + shown[-1:]
@@ -204,7 +205,7 @@ def render_plan(spec: RunSpec) -> str:
             continue
         i, devs = item
         tp = f" (TP {len(devs)})" if len(devs) > 1 else ""
-        lines.append(f"  device {_ranges(devs)}: {spec.rollout_engine} engine {i}{tp}")
+        lines.append(f"  device {ranges(devs)}: {spec.rollout_engine} engine {i}{tp}")
     if hw.nodes > 1:
         lines.extend(_node_lines(spec))
 
@@ -243,10 +244,10 @@ def _node_lines(spec: RunSpec) -> list[str]:
         for role, ranks in held.items():
             if role == "rollout":
                 tp = f" (TP {spec.layout.rollout_tp})" if spec.layout.rollout_tp > 1 else ""
-                parts.append(f"{spec.rollout_engine} engine{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}{tp}")
+                parts.append(f"{spec.rollout_engine} engine{'s' if len(ranks) > 1 else ''} {ranges(ranks)}{tp}")
             else:
-                parts.append(f"{role} rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}")
-        out.append(f"  node {k} (devices {_ranges(devs)}): {', '.join(parts) or 'idle'}")
+                parts.append(f"{role} rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}")
+        out.append(f"  node {k} (devices {ranges(devs)}): {', '.join(parts) or 'idle'}")
     return out
 
 

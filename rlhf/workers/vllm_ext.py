@@ -55,10 +55,6 @@ class WeightSyncExtension:
 
     # ------------------------------------------------------------------ CUDA IPC
 
-    def rlhf_gpu_uuid(self) -> str:
-        dev = self._rlhf_device()
-        return str(torch.cuda.get_device_properties(dev.index).uuid)
-
     def rlhf_load_ipc(self, handles: dict[str, Sequence[Any]], metas: Sequence[Sequence]) -> float:
         """Load one bucket from a CUDA IPC buffer. ``handles`` maps GPU uuid -> the arguments of
         ``torch.multiprocessing.reductions.rebuild_cuda_tensor`` for the buffer on that GPU.
