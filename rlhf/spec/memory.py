@@ -276,9 +276,11 @@ def estimate(spec: RunSpec) -> Estimate:
         return {f"{role} {k}": v for k, v in parts.items()}
 
     p_lora = lora_param_count(m)
-    if p_lora:  # LoRA: the policy's weights are frozen; gradients and Adam state only for the adapters
+    # LoRA: the policy's base weights are frozen (DeepSpeed's offload moves none of them)
+    lora_base = frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype) if p_lora else 0.0
+    if p_lora:  # gradients and Adam state only for the adapters
         actor = states("actor", p_lora)
-        actor["actor weights"] += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
+        actor["actor weights"] += lora_base
     else:
         actor = states("actor", p_policy)
     actor_work = {**buffers("actor", p_lora or p_policy), "activations": activations_gb(m, tokens)}
@@ -321,9 +323,7 @@ def estimate(spec: RunSpec) -> Estimate:
                 # DeepSpeed moves what its optimizer holds (rlhf.workers.sync_cuda.TrainStates);
                 # frozen weights stay: the reference's and the reward model's (rlhf.workers.schedule),
                 # and with LoRA the policy's base weights
-                kept = sum({**reference, **reward}.values())
-                if p_lora:
-                    kept += frozen_model_gb(p_policy, lay.world_size("actor"), z, m.dtype)
+                kept = sum({**reference, **reward}.values()) + lora_base
                 if kept:
                     gen["frozen weights (resident)"] = kept
             else:
