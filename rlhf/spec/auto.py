@@ -71,7 +71,7 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
 def _liger(spec: RunSpec) -> tuple[bool, str]:
     """``model.liger_kernels`` auto: (on, why)."""
     if spec.hardware.accelerator != "cuda":
-        return False, "CPU run"
+        return False, ""  # Triton kernels: nothing to decide, nothing for the plan to say
     if importlib.util.find_spec("liger_kernel") is None:
         return False, "the liger-kernel package is not installed"
     kind = model_type(spec.model.path, spec.model.revision)

@@ -121,9 +121,7 @@ def _decisions(spec: RunSpec) -> list[str]:
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
         "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
     }
-    gpu_only = {"model.liger_kernels"}  # off on CPU, nothing to say
-    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ())
-            if d.why and d.key in shown and (d.key not in gpu_only or spec.hardware.accelerator == "cuda")]
+    return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
 
 def render_plan(spec: RunSpec) -> str:

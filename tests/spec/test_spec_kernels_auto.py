@@ -28,7 +28,10 @@ def _decision(spec):
 
 def test_auto_off_on_cpu():
     spec = _spec([])
-    assert spec.model.liger_kernels is False and _decision(spec).why == "CPU run"
+    assert spec.model.liger_kernels is False and _decision(spec).why == ""
+    from rlhf.spec.plan import render_plan
+
+    assert "Liger" not in render_plan(spec)  # nothing to say about Triton kernels on a CPU run
 
 
 def test_auto_follows_the_package_on_gpu(monkeypatch):
