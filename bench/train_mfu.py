@@ -142,12 +142,10 @@ def run_variant(variant: str, p: dict, lens, args) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf.algos.losses import policy_loss, token_logprobs
+    from rlhf.models.builtin import hf_shape
 
     attn_impl = {"padded": "sdpa", "packed_flex": "flex_attention", "packed_sdpa": "sdpa"}[variant]
-    cfg = Qwen2Config(vocab_size=p["vocab"], hidden_size=p["hidden"], intermediate_size=p["intermediate"],
-                      num_hidden_layers=p["n_layers"], num_attention_heads=p["n_heads"],
-                      num_key_value_heads=p["n_kv_heads"], tie_word_embeddings=p["tie_embeddings"],
-                      max_position_embeddings=8192, attn_implementation=attn_impl, use_cache=False)
+    cfg = Qwen2Config(**hf_shape(p), max_position_embeddings=8192, attn_implementation=attn_impl, use_cache=False)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)

@@ -85,10 +85,11 @@ def builtin_model_dir(name: str, model_spec: ModelSpec) -> Path:
 
 
 def hf_shape(arch: Mapping[str, Any]) -> dict[str, Any]:
-    """The transformers config arguments of a model shape given in ``model.*`` terms."""
-    return dict(vocab_size=arch["vocab"], hidden_size=arch["hidden"], intermediate_size=arch["intermediate"],
-                num_hidden_layers=arch["n_layers"], num_attention_heads=arch["n_heads"],
-                num_key_value_heads=arch["n_kv_heads"], tie_word_embeddings=arch["tie_embeddings"])
+    """The transformers config arguments of a model shape given in ``model.*`` terms (the first,
+    Llama/Qwen name of each in ``rlhf.spec.shape.SHAPE_KEYS``: what the plan reads back)."""
+    from rlhf.spec.shape import SHAPE_KEYS
+
+    return {keys[0]: arch[field] for field, keys in SHAPE_KEYS.items()} | {"tie_word_embeddings": arch["tie_embeddings"]}
 
 
 def _write_tiny(folder: Path, arch: dict) -> None:
