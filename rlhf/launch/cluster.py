@@ -33,7 +33,7 @@ from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_
 
 from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
 from rlhf.spec.errors import UserError
-from rlhf.spec.nodes import node_of
+from rlhf.spec.nodes import held_devices, node_of
 from rlhf.spec.runspec import RunSpec
 
 ROLE_CLASSES = {
@@ -209,19 +209,13 @@ class Slot:
     engine: dict[str, Any] = field(default_factory=dict)
 
 
-def _held_devices(spec: RunSpec) -> dict[str, list[tuple[int, ...]]]:
-    """role -> the devices of each rank (a rollout engine's: its TP group), in ``spec.roles`` order."""
-    lay = spec.layout
-    return {r: list(lay.engines) if r == "rollout" else [(d,) for d in lay.roles[r]] for r in spec.roles}
-
-
 def group_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
     """The placement groups of ``spec.layout``: name -> its devices, bundle i holding the i-th.
     Hybrid: one group over every device; disaggregated: a group per role over its own devices
     (rollout: the engines' TP groups one after another)."""
     if spec.layout.mode == "hybrid":
         return {HYBRID_GROUP: tuple(range(spec.layout.total_devices))}
-    return {r: tuple(d for devs in ranks for d in devs) for r, ranks in _held_devices(spec).items()}
+    return {r: tuple(d for devs in ranks for d in devs) for r, ranks in held_devices(spec).items()}
 
 
 def placement(spec: RunSpec) -> dict[str, list[Slot]]:
@@ -233,7 +227,7 @@ def placement(spec: RunSpec) -> dict[str, list[Slot]]:
     current one), each worker taking ``gpu_share`` of its GPU; the engine's process holds no GPU.
     TP 1 engines run in their own process on their one device.
     """
-    held = _held_devices(spec)
+    held = held_devices(spec)
     groups = group_devices(spec)
     hybrid = spec.layout.mode == "hybrid"
     sharing = Counter(d for ranks in held.values() for devs in ranks for d in devs)  # ranks per device

@@ -25,6 +25,7 @@ import time
 from typing import Any, Optional
 
 from rlhf.spec.failures import causes
+from rlhf.spec.nodes import held_devices, node_of, rank_devices
 from rlhf.spec.plan import ranges
 
 ENGINE_DEAD = ("EngineDeadError", "AsyncEngineDeadError")  # vLLM: the engine core process is gone
@@ -215,21 +216,22 @@ def _group(cluster: Any, role: str) -> str:
     spec = getattr(cluster, "spec", None)
     if spec is None or role not in spec.roles:
         return ""
-    if role == "rollout":
-        devs = [d for e in spec.layout.engines for d in e]
-        name, n = "rollout engine", len(spec.layout.engines)
-    else:
-        devs = list(spec.layout.roles[role])
-        name, n = f"{role} rank", len(devs)
+    ranks = held_devices(spec)[role]
+    devs = tuple(d for rank in ranks for d in rank)
+    name, n = ("rollout engine" if role == "rollout" else f"{role} rank"), len(ranks)
     who = f"{name}s {ranges(tuple(range(n)))}" if n > 1 else f"{name} 0"
     if spec.device != "cuda":
         return who
-    per = spec.hardware.devices_per_node
-    nodes = sorted({d // per for d in devs})
+    nodes = sorted({node_of(spec, d) for d in devs})
     if len(nodes) > 1:
         return f"{who} (nodes {ranges(tuple(nodes))})"
-    local = tuple(d % per for d in devs)
-    return f"{who} ({'GPU' if len(local) == 1 else 'GPUs'} {ranges(local)})"
+    return f"{who} ({_gpus(spec, devs)})"
+
+
+def _gpus(spec: Any, devs: tuple[int, ...]) -> str:
+    """``GPU 3`` / ``GPUs 4-7``: devices numbered within their node."""
+    local = tuple(d % spec.hardware.devices_per_node for d in devs)
+    return f"{'GPU' if len(local) == 1 else 'GPUs'} {ranges(local)}"
 
 
 def _last_checkpoint(cluster: Any) -> str:
@@ -250,17 +252,13 @@ def _worker_gpus(cluster: Any, role: str, rank: Optional[int]) -> Optional[str]:
     spec = getattr(cluster, "spec", None)
     if spec is None or spec.device != "cuda" or rank is None:
         return None
-    per_node = spec.hardware.devices_per_node
-    devs = tuple(spec.layout.engines[rank]) if role == "rollout" else (spec.layout.roles[role][rank],)
-    local = tuple(d % per_node for d in devs)
-    return f"GPU {local[0]}" if len(local) == 1 else f"GPUs {ranges(local)}"
+    return _gpus(spec, held_devices(spec)[role][rank])
 
 
 def _worker_node(cluster: Any, role: str, rank: Optional[int]) -> Optional[int]:
     """The plan node of a role's rank, when the run has several nodes."""
     if cluster is None or not cluster.nodes or rank is None:
         return None
-    from rlhf.spec.nodes import node_of, rank_devices
 
     return node_of(cluster.spec, rank_devices(cluster.spec)[role][rank])
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 from rlhf.spec.runspec import RunSpec
 
 
+def held_devices(spec: RunSpec) -> dict[str, list[tuple[int, ...]]]:
+    """role -> the devices of each rank (a rollout engine's: its TP group), in ``spec.roles`` order."""
+    lay = spec.layout
+    return {r: list(lay.engines) if r == "rollout" else [(d,) for d in lay.roles[r]] for r in spec.roles}
+
+
 def rank_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
     """role -> the device of each rank (rollout: the first device of each engine)."""
-    out = {r: tuple(spec.layout.roles[r]) for r in spec.roles if r != "rollout"}
-    if "rollout" in spec.roles:
-        out["rollout"] = tuple(e[0] for e in spec.layout.engines)
-    return out
+    return {r: tuple(devs[0] for devs in ranks) for r, ranks in held_devices(spec).items()}
 
 
 def node_of(spec: RunSpec, device: int) -> int:
