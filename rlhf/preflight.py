@@ -29,7 +29,14 @@ from rlhf.spec.runspec import RunSpec
 ID_KEYS = ("id", "uid", "prompt_id")
 
 
+def not_writable(what: str, e: OSError) -> str:
+    """The line for a run dir that cannot be made or written (``what``: the key and value)."""
+    return (f"{what} is not writable ({e.strerror or type(e).__name__}). "
+            "Give a directory you can write to: output_dir=<path>.")
+
+
 def check_output_dir(path: str) -> None:
+    """``path`` is a directory this process can write to (created if missing), else UserError."""
     p = Path(path).expanduser()
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -37,10 +44,7 @@ def check_output_dir(path: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(
-            f"output_dir={path} is not writable ({e.strerror or type(e).__name__}). "
-            "Give a directory you can write to: output_dir=<path>."
-        ) from None
+        raise UserError(not_writable(f"output_dir={path}", e)) from None
     if not p.is_dir():
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 

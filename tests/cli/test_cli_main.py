@@ -15,6 +15,7 @@ from rlhf import cli
 from rlhf.spec.build import config_dict, to_dict
 from rlhf.paths import conf_dir
 from rlhf.spec.errors import UserError
+from tests.helpers import assert_clear
 
 
 def plan(capsys, *argv: str) -> str:
@@ -150,6 +151,15 @@ def test_a_user_error_at_run_time_exits_2(fake_run, tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train.steps=13"]) == 2
     assert "error: data file missing: x.jsonl" in capsys.readouterr().err
+
+
+def test_a_run_dir_that_cannot_be_made_is_one_line(fake_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    assert cli.main([f"hydra.run.dir={tmp_path}/file/run"]) == 2
+    err = capsys.readouterr().err
+    assert_clear(err, f"{tmp_path}/file/run", "is not writable", "output_dir=<path>")
+    assert err.startswith("error: ") and fake_run == []
 
 
 @pytest.mark.parametrize("writer", ["omegaconf", "yaml"])
