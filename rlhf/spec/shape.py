@@ -70,12 +70,19 @@ def read_shape(config: dict[str, Any]) -> Optional[dict[str, Any]]:
     return shape
 
 
-def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
-    """``read_shape`` of a config.json file; None when it cannot be read or lacks a number."""
+def read_config(config_json: Path) -> Optional[dict[str, Any]]:
+    """A config.json's object; None when it cannot be read or is not a JSON object."""
     try:
-        return read_shape(json.loads(config_json.read_text()))
+        config = json.loads(config_json.read_text())
     except (OSError, ValueError):
         return None
+    return config if isinstance(config, dict) else None
+
+
+def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
+    """``read_shape`` of a config.json file; None when it cannot be read or lacks a number."""
+    config = read_config(config_json)
+    return read_shape(config) if config is not None else None
 
 
 # rlhf.models.builtin builds a LlamaForCausalLM
@@ -89,10 +96,8 @@ def model_type(path: str, revision: Optional[str] = None) -> Optional[str]:
     if path.startswith("builtin:"):
         return BUILTIN_MODEL_TYPE
     f = config_file(path, revision)
-    try:
-        value = json.loads(f.read_text()).get("model_type") if f is not None else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    config = read_config(f) if f is not None else None
+    value = config.get("model_type") if config is not None else None
     return value if isinstance(value, str) else None
 
 

@@ -67,6 +67,19 @@ def test_a_local_checkpoint_of_another_shape_is_planned_as_itself(tmp_path):
     assert not [d for d in same.auto if d.key.split(".", 1)[1] in shape_of(same.model)]
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "null", '"qwen2"'])
+def test_a_config_json_that_is_not_an_object_is_planned_with_the_group(text, tmp_path, capsys):
+    from rlhf import cli
+    from rlhf.spec.shape import model_type
+
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(text)
+    assert model_type(str(ckpt)) is None
+    assert cli.main(["model=qwen2.5-0.5b", "hardware=1xh200", "algo=grpo", f"model.path={ckpt}", "--plan"]) == 0
+    assert "shape from" not in capsys.readouterr().out  # the model group's numbers, as for an unreadable one
+
+
 def test_the_plan_counts_the_parameters_the_loaded_model_has(tmp_path):
     """The plan's parameter count (memory's basis) against the model transformers builds from the
     same checkpoint, for a shape unlike the model group's."""
