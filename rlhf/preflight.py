@@ -76,8 +76,7 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
         try:
             spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
         except SpecError as e:  # the checkpoint's numbers break a setting the model group's passed
-            raise UserError(f"{Path(found['model'].path) / 'config.json'} (model.path={spec.model.path}): "
-                            + " ".join(e.problems)) from None
+            raise UserError(" ".join(e.problems)) from None
         if console is not None:
             from rlhf.spec.shape import shape_line
 

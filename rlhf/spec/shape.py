@@ -118,6 +118,13 @@ def apply_checkpoint_shape(model: ModelSpec) -> tuple[Decision, ...]:
     return tuple(out)
 
 
+def shape_source(model: ModelSpec, decisions: tuple[Decision, ...]) -> Optional[str]:
+    """``<config.json> (model.path=...)`` when ``apply_checkpoint_shape`` changed the model's
+    numbers (a message about them names the file they came from), else None (the model group's)."""
+    read = [d for d in decisions if d.key.startswith("model.") and d.key[6:] in FIELDS]
+    return f"{read[0].why.removeprefix('from ')} (model.path={model.path})" if read else None
+
+
 def shape_line(spec: RunSpec) -> Optional[str]:
     """The plan's line for the numbers read from the checkpoint, or None."""
     read = [d for d in getattr(spec, "auto", ()) if d.key.startswith("model.") and d.key[6:] in FIELDS]

@@ -134,5 +134,16 @@ def test_a_cached_hub_snapshot_is_read_and_a_fetched_one_replans(tmp_path, monke
                                                               "model.safetensors": b""}))
     with pytest.raises(UserError) as e:
         resolve_models(tp2, Say())
-    assert "\n" not in str(e.value) and "acme/odd-heads" in str(e.value), e.value
-    assert str(e.value).split(" ")[0].endswith("config.json") and "tensor_parallel=2" in str(e.value), e.value
+    assert "\n" not in str(e.value) and "tensor_parallel=2" in str(e.value), e.value
+    assert "config.json (model.path=acme/odd-heads)" in str(e.value) and "model=" not in str(e.value), e.value
+
+
+def test_a_local_checkpoint_whose_heads_tp_does_not_split_names_its_config_json(tmp_path, capsys):
+    from rlhf import cli
+
+    ckpt = _checkpoint(tmp_path / "m14", {**QWEN15, "num_attention_heads": 14})
+    assert cli.main(["model=llama3-8b", f"model.path={ckpt}", "placement.rollout.tensor_parallel=4",
+                     "hardware=8xh100", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert f"the 14 attention heads (2 KV heads) of {ckpt / 'config.json'} (model.path={ckpt})" in err, err
+    assert "llama3-8b" not in err, err
