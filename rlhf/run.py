@@ -213,9 +213,9 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             console.print(f"done in {time.perf_counter() - t0:.1f} s")
         console.print(tracker.where())
         return 0
-    except UserError as e:
+    except UserError as e:  # a worker's arrives as a RayTaskError that is a UserError too
         _close(console)
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_user_error_inside(e)}", file=sys.stderr)
         return EXIT_USER
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         status = "KILLED"
@@ -275,11 +275,12 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _user_error_inside(e: BaseException):
-    """A UserError raised inside a Ray worker arrives wrapped in a RayTaskError."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, UserError):
-        return cause.args[0] if cause.args else type(cause).__name__
-    if isinstance(e, UserError):
-        return e
+def _user_error_inside(e: BaseException) -> Optional[str]:
+    """The message of the UserError in ``e``'s chain, else None. One raised inside a Ray worker
+    arrives wrapped in a RayTaskError (its ``cause``), whose own text is the worker's traceback."""
+    from rlhf.spec.failures import causes
+
+    for c in causes(e):
+        if isinstance(c, UserError) and not isinstance(getattr(c, "cause", None), BaseException):
+            return str(c) or type(c).__name__
     return None
