@@ -145,11 +145,7 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
 
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
-    try:
-        return int(run(spec, checked=True) or 0)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", EXIT_USER)
+    return int(run(spec, checked=True) or 0)  # run prints a UserError itself and returns its code
 
 
 def run(spec: RunSpec, checked: bool = False) -> int:
