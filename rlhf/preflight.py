@@ -81,8 +81,7 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
             from rlhf.spec.shape import shape_line
 
             console.print("planned again with the checkpoint's numbers:" + (shape_line(spec) or "")[1:])
-        if spec.hardware.accelerator == "cuda":  # the plan checked before the run was the group's
-            check_fits(spec)
+        check_fits(spec)  # the plan checked before the run was the group's
     return with_models(spec, found)
 
 
@@ -217,7 +216,8 @@ def check_rewards(spec: RunSpec) -> None:
 
 def check_fits(spec: RunSpec) -> None:
     """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
-    a promise both ways (what it calls fitting must run, and what it rejects never starts)."""
+    a promise both ways (what it calls fitting must run, and what it rejects never starts). Off
+    CUDA every run fits (``memory.over_limit``)."""
     from rlhf.spec.memory import estimate
     from rlhf.spec.memory import fits
     from rlhf.spec.plan import warnings

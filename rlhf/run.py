@@ -119,8 +119,7 @@ def check_before_run(spec: RunSpec) -> int:
 def _checks(spec: RunSpec) -> None:
     from rlhf.preflight import check_fits, check_output_dir
 
-    if spec.hardware.accelerator == "cuda":
-        check_fits(spec)
+    check_fits(spec)  # nothing to check off CUDA
     check_output_dir(spec.output_dir or "outputs/run")
 
 
