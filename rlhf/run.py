@@ -148,7 +148,8 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
 
 
 def run(spec: RunSpec, checked: bool = False) -> int:
-    """Run a built spec: the exit code. ``checked``: ``check_before_run`` has passed already."""
+    """Run a built spec: the exit code (a UserError is printed here, exit code 2). ``checked``:
+    ``check_before_run`` has passed already."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind
