@@ -29,7 +29,14 @@ from rlhf.spec.runspec import RunSpec
 ID_KEYS = ("id", "uid", "prompt_id")
 
 
+def not_writable(what: str, e: OSError) -> str:
+    """The line for a run dir that cannot be made or written (``what``: the key and value)."""
+    return (f"{what} is not writable ({e.strerror or type(e).__name__}). "
+            "Give a directory you can write to: output_dir=<path>.")
+
+
 def check_output_dir(path: str) -> None:
+    """``path`` is a directory this process can write to (created if missing), else UserError."""
     p = Path(path).expanduser()
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -37,10 +44,7 @@ def check_output_dir(path: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(
-            f"output_dir={path} is not writable ({e.strerror or type(e).__name__}). "
-            "Give a directory you can write to: output_dir=<path>."
-        ) from None
+        raise UserError(not_writable(f"output_dir={path}", e)) from None
     if not p.is_dir():
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 
@@ -72,14 +76,12 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
         try:
             spec = build(config_dict(spec), overrides=spec.overrides, changes=spec.changes)
         except SpecError as e:  # the checkpoint's numbers break a setting the model group's passed
-            raise UserError(f"{Path(found['model'].path) / 'config.json'} (model.path={spec.model.path}): "
-                            + " ".join(e.problems)) from None
+            raise UserError(" ".join(e.problems)) from None
         if console is not None:
             from rlhf.spec.shape import shape_line
 
             console.print("planned again with the checkpoint's numbers:" + (shape_line(spec) or "")[1:])
-        if spec.hardware.accelerator == "cuda":  # the plan checked before the run was the group's
-            check_fits(spec)
+        check_fits(spec)  # the plan checked before the run was the group's
     return with_models(spec, found)
 
 
@@ -214,7 +216,8 @@ def check_rewards(spec: RunSpec) -> None:
 
 def check_fits(spec: RunSpec) -> None:
     """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
-    a promise both ways (what it calls fitting must run, and what it rejects never starts)."""
+    a promise both ways (what it calls fitting must run, and what it rejects never starts). Off
+    CUDA every run fits (``memory.over_limit``)."""
     from rlhf.spec.memory import estimate
     from rlhf.spec.memory import fits
     from rlhf.spec.plan import warnings

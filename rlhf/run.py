@@ -119,8 +119,7 @@ def check_before_run(spec: RunSpec) -> int:
 def _checks(spec: RunSpec) -> None:
     from rlhf.preflight import check_fits, check_output_dir
 
-    if spec.hardware.accelerator == "cuda":
-        check_fits(spec)
+    check_fits(spec)  # nothing to check off CUDA
     check_output_dir(spec.output_dir or "outputs/run")
 
 
@@ -145,15 +144,12 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
 
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
-    try:
-        return int(run(spec, checked=True) or 0)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", EXIT_USER)
+    return int(run(spec, checked=True) or 0)  # run prints a UserError itself and returns its code
 
 
 def run(spec: RunSpec, checked: bool = False) -> int:
-    """Run a built spec: the exit code. ``checked``: ``check_before_run`` has passed already."""
+    """Run a built spec: the exit code (a UserError is printed here, exit code 2). ``checked``:
+    ``check_before_run`` has passed already."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # data sets: local files, or Hub snapshots (rlhf.hub)
     kind = spec.algo.kind
@@ -213,9 +209,9 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             console.print(f"done in {time.perf_counter() - t0:.1f} s")
         console.print(tracker.where())
         return 0
-    except UserError as e:
+    except UserError as e:  # a worker's arrives as a RayTaskError that is a UserError too
         _close(console)
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_user_error_inside(e)}", file=sys.stderr)
         return EXIT_USER
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         status = "KILLED"
@@ -275,11 +271,12 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _user_error_inside(e: BaseException):
-    """A UserError raised inside a Ray worker arrives wrapped in a RayTaskError."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, UserError):
-        return cause.args[0] if cause.args else type(cause).__name__
-    if isinstance(e, UserError):
-        return e
+def _user_error_inside(e: BaseException) -> Optional[str]:
+    """The message of the UserError in ``e``'s chain, else None. One raised inside a Ray worker
+    arrives wrapped in a RayTaskError (its ``cause``), whose own text is the worker's traceback."""
+    from rlhf.spec.failures import causes
+
+    for c in causes(e):
+        if isinstance(c, UserError) and not isinstance(getattr(c, "cause", None), BaseException):
+            return str(c) or type(c).__name__
     return None

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 from rlhf.config.composition import compose
 from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
 from rlhf.config.overrides import parse_overrides
-from rlhf.config.rundir import Claimed, existing_parent, run_dir_for, run_dir_name
+from rlhf.config.rundir import Claimed, existing_parent, run_dir_for, run_dir_name, unique_dir
 from rlhf.paths import recipes_dir
 from rlhf.quoting import quote_value, resume_command
 from rlhf.spec.runspec import RunSpec
@@ -68,8 +68,16 @@ def claim_run_dir(cfg: Any, config_dir: Optional[str] = None) -> Optional[Claime
         _drop_saved_output_dir(cfg, config_dir)
         if cfg.get("mode", "run") != "run" or cfg.get("output_dir"):
             return None
-        existed = existing_parent(run_dir_name(cfg))
-        cfg.output_dir = path = os.path.abspath(run_dir_for(cfg, claim=True))
+        name = run_dir_name(cfg)
+        existed = existing_parent(name)
+        try:
+            path = os.path.abspath(unique_dir(name, claim=True))
+        except OSError as e:
+            from rlhf.preflight import not_writable
+            from rlhf.spec.errors import SpecError
+
+            raise SpecError([not_writable(f"the run dir {os.path.abspath(name)} (hydra.run.dir)", e)]) from None
+        cfg.output_dir = path
     return Claimed(path, existed)
 
 

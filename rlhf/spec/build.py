@@ -16,7 +16,7 @@ from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
 from rlhf.spec.layout import plan_layout
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
-from rlhf.spec.shape import apply_checkpoint_shape
+from rlhf.spec.shape import apply_checkpoint_shape, shape_source
 from rlhf.spec.validate import estimator_info, validate
 
 # ----------------------------------------------------------------------------- typing
@@ -221,7 +221,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
         ])
     shape = apply_checkpoint_shape(sections["model"])  # the plan describes the model that will load
     roles = needed_roles(sections["algo"], sections["reward"], sections["model"].lora.rank)
-    problems = validate(sections, roles)
+    problems = validate(sections, roles, shape_from=shape_source(sections["model"], shape))
     if problems:
         raise SpecError(problems)
     layout = plan_layout(sections, roles)

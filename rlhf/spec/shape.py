@@ -70,12 +70,19 @@ def read_shape(config: dict[str, Any]) -> Optional[dict[str, Any]]:
     return shape
 
 
-def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
-    """``read_shape`` of a config.json file; None when it cannot be read or lacks a number."""
+def read_config(config_json: Path) -> Optional[dict[str, Any]]:
+    """A config.json's object; None when it cannot be read or is not a JSON object."""
     try:
-        return read_shape(json.loads(config_json.read_text()))
+        config = json.loads(config_json.read_text())
     except (OSError, ValueError):
         return None
+    return config if isinstance(config, dict) else None
+
+
+def checkpoint_shape(config_json: Path) -> Optional[dict[str, Any]]:
+    """``read_shape`` of a config.json file; None when it cannot be read or lacks a number."""
+    config = read_config(config_json)
+    return read_shape(config) if config is not None else None
 
 
 # rlhf.models.builtin builds a LlamaForCausalLM
@@ -89,10 +96,8 @@ def model_type(path: str, revision: Optional[str] = None) -> Optional[str]:
     if path.startswith("builtin:"):
         return BUILTIN_MODEL_TYPE
     f = config_file(path, revision)
-    try:
-        value = json.loads(f.read_text()).get("model_type") if f is not None else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    config = read_config(f) if f is not None else None
+    value = config.get("model_type") if config is not None else None
     return value if isinstance(value, str) else None
 
 
@@ -111,6 +116,13 @@ def apply_checkpoint_shape(model: ModelSpec) -> tuple[Decision, ...]:
             out.append(Decision(f"model.{k}", getattr(model, k), v, f"from {f}"))
             setattr(model, k, v)
     return tuple(out)
+
+
+def shape_source(model: ModelSpec, decisions: tuple[Decision, ...]) -> Optional[str]:
+    """``<config.json> (model.path=...)`` when ``apply_checkpoint_shape`` changed the model's
+    numbers (a message about them names the file they came from), else None (the model group's)."""
+    read = [d for d in decisions if d.key.startswith("model.") and d.key[6:] in FIELDS]
+    return f"{read[0].why.removeprefix('from ')} (model.path={model.path})" if read else None
 
 
 def shape_line(spec: RunSpec) -> Optional[str]:

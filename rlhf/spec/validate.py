@@ -52,7 +52,9 @@ def tp_splits_heads(m: Any, tp: int) -> bool:
     return m.n_heads % tp == 0 and kv_ok
 
 
-def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
+def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str] = None) -> list[str]:
+    """Every problem of the typed sections, one message each. ``shape_from``: where the model's
+    architecture numbers came from when not from its model group (``rlhf.spec.shape.shape_source``)."""
     p: list[str] = []
     algo, hw, pl, train, rollout = s["algo"], s["hardware"], s["placement"], s["train"], s["rollout"]
 
@@ -182,7 +184,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
             ok = [d for d in _divisors(hw.devices_per_node) if tp_splits_heads(m, d)]
             p.append(
                 f"placement.rollout.tensor_parallel={tp} does not split the {m.n_heads} attention heads "
-                f"({m.n_kv_heads} KV heads) of model={m.name} evenly over the TP ranks, as vLLM requires. "
+                f"({m.n_kv_heads} KV heads) of {shape_from or f'model={m.name}'} evenly over the TP ranks, "
+                "as vLLM requires. "
                 f"Use one of: {', '.join(str(d) for d in ok)}."
             )
         if pl.mode == "hybrid":

@@ -15,6 +15,7 @@ from rlhf import cli
 from rlhf.spec.build import config_dict, to_dict
 from rlhf.paths import conf_dir
 from rlhf.spec.errors import UserError
+from tests.helpers import assert_clear
 
 
 def plan(capsys, *argv: str) -> str:
@@ -127,8 +128,6 @@ def fake_run(monkeypatch):
 
     def run(spec, checked=False):
         seen.append(spec)
-        if spec.train.steps == 13:
-            raise UserError("data file missing: x.jsonl")
         return 0
 
     monkeypatch.setattr(rlhf.run, "run", run)  # what rlhf.run.execute calls
@@ -146,10 +145,48 @@ def test_a_run_gets_a_fresh_run_dir(fake_run, tmp_path, monkeypatch):
     assert fake_run[-1].output_dir == str(tmp_path.resolve() / "mine/run1") and (tmp_path / "mine/run1").is_dir()
 
 
-def test_a_user_error_at_run_time_exits_2(fake_run, tmp_path, monkeypatch, capsys):
+def _raised_in_a_worker(error: BaseException) -> BaseException:
+    """What ray.get raises in the driver for ``error`` raised inside an actor's method."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise error
+    except type(error):
+        return RayTaskError("Worker.step", traceback.format_exc(), error).as_instanceof_cause()
+
+
+class _Wrapper(Exception):  # an error that carries a worker's as .cause but is no UserError itself
+    def __init__(self, cause):
+        super().__init__("worker died\nTraceback ...")
+        self.cause = cause
+
+
+@pytest.mark.parametrize("wrap", [None, _raised_in_a_worker, _Wrapper], ids=["driver", "ray_task_error", "cause"])
+def test_a_user_error_at_run_time_exits_2(wrap, tmp_path, monkeypatch, capsys):
+    """rlhf.run.run, stopped before the cluster starts by a UserError from the driver or from a
+    worker (Ray's wrapper, whose text is a traceback): exit 2 and the error's own line."""
+    import rlhf.preflight
+
+    def fail(spec, console=None):
+        error = UserError("data file missing: x.jsonl")
+        raise error if wrap is None else wrap(error)
+
+    monkeypatch.setattr(rlhf.preflight, "resolve_models", fail)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["train.steps=13"]) == 2
-    assert "error: data file missing: x.jsonl" in capsys.readouterr().err
+    assert cli.main(["tracking.backend=none", "tracking.console=plain"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == ["error: data file missing: x.jsonl"], lines
+
+
+def test_a_run_dir_that_cannot_be_made_is_one_line(fake_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    assert cli.main([f"hydra.run.dir={tmp_path}/file/run"]) == 2
+    err = capsys.readouterr().err
+    assert_clear(err, f"{tmp_path}/file/run", "is not writable", "output_dir=<path>")
+    assert err.startswith("error: ") and fake_run == []
 
 
 @pytest.mark.parametrize("writer", ["omegaconf", "yaml"])

@@ -67,6 +67,19 @@ def test_a_local_checkpoint_of_another_shape_is_planned_as_itself(tmp_path):
     assert not [d for d in same.auto if d.key.split(".", 1)[1] in shape_of(same.model)]
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "null", '"qwen2"'])
+def test_a_config_json_that_is_not_an_object_is_planned_with_the_group(text, tmp_path, capsys):
+    from rlhf import cli
+    from rlhf.spec.shape import model_type
+
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(text)
+    assert model_type(str(ckpt)) is None
+    assert cli.main(["model=qwen2.5-0.5b", "hardware=1xh200", "algo=grpo", f"model.path={ckpt}", "--plan"]) == 0
+    assert "shape from" not in capsys.readouterr().out  # the model group's numbers, as for an unreadable one
+
+
 def test_the_plan_counts_the_parameters_the_loaded_model_has(tmp_path):
     """The plan's parameter count (memory's basis) against the model transformers builds from the
     same checkpoint, for a shape unlike the model group's."""
@@ -121,5 +134,16 @@ def test_a_cached_hub_snapshot_is_read_and_a_fetched_one_replans(tmp_path, monke
                                                               "model.safetensors": b""}))
     with pytest.raises(UserError) as e:
         resolve_models(tp2, Say())
-    assert "\n" not in str(e.value) and "acme/odd-heads" in str(e.value), e.value
-    assert str(e.value).split(" ")[0].endswith("config.json") and "tensor_parallel=2" in str(e.value), e.value
+    assert "\n" not in str(e.value) and "tensor_parallel=2" in str(e.value), e.value
+    assert "config.json (model.path=acme/odd-heads)" in str(e.value) and "model=" not in str(e.value), e.value
+
+
+def test_a_local_checkpoint_whose_heads_tp_does_not_split_names_its_config_json(tmp_path, capsys):
+    from rlhf import cli
+
+    ckpt = _checkpoint(tmp_path / "m14", {**QWEN15, "num_attention_heads": 14})
+    assert cli.main(["model=llama3-8b", f"model.path={ckpt}", "placement.rollout.tensor_parallel=4",
+                     "hardware=8xh100", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert f"the 14 attention heads (2 KV heads) of {ckpt / 'config.json'} (model.path={ckpt})" in err, err
+    assert "llama3-8b" not in err, err
