@@ -90,7 +90,7 @@ def write_run_dir(spec: RunSpec) -> Path:
 
     from rlhf.spec.build import config_dict, to_dict
 
-    run_dir = Path(spec.output_dir or "outputs/run")
+    run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     full = to_dict(spec)
     with open(run_dir / "spec.yaml", "w") as f:
@@ -120,7 +120,7 @@ def _checks(spec: RunSpec) -> None:
     from rlhf.preflight import check_fits, check_output_dir
 
     check_fits(spec)  # nothing to check off CUDA
-    check_output_dir(spec.output_dir or "outputs/run")
+    check_output_dir(spec.run_dir)
 
 
 def execute(spec: RunSpec, checked: bool = False) -> int:
@@ -169,7 +169,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             _checks(spec)
         from rlhf.run_lock import RunLock
 
-        lock = RunLock(spec.output_dir or "outputs/run")
+        lock = RunLock(spec.run_dir)
         lock.acquire()  # before anything is written: a second run on this dir stops here, touching nothing
         run_dir = write_run_dir(spec)
         from rlhf.track import Console, Tracker
@@ -222,7 +222,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
     except Exception as e:
         from rlhf import storage
 
-        out = spec.output_dir or "outputs/run"
+        out = spec.run_dir
         refused = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, out)
         if refused is not None:  # disk full, read-only or deleted run dir
             _close(console)

@@ -240,7 +240,7 @@ def _last_checkpoint(cluster: Any) -> str:
     try:
         from rlhf.ckpt.manager import find_latest
 
-        latest = find_latest(cluster.spec.output_dir or "outputs/run")
+        latest = find_latest(cluster.spec.run_dir)
     except Exception:  # noqa: BLE001  (the line goes out without it)
         return ""
     return (f" Last checkpoint: {latest.path} (step {latest.step}); continue with resume=<run dir>." if latest

@@ -79,3 +79,9 @@ class RunSpec(S.Frozen):
     @property
     def device(self) -> str:
         return "cuda" if self.hardware.accelerator == "cuda" else "cpu"
+
+    @property
+    def run_dir(self) -> str:
+        """Where the run writes: ``output_dir`` (the CLI always sets it for a run), else ``outputs/run``
+        for a spec built another way."""
+        return self.output_dir or "outputs/run"
