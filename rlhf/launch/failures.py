@@ -27,6 +27,7 @@ from typing import Any, Optional
 from rlhf.spec.failures import causes
 from rlhf.spec.nodes import held_devices, node_of, rank_devices
 from rlhf.spec.plan import ranges
+from rlhf.spec.runspec import RunSpec
 
 ENGINE_DEAD = ("EngineDeadError", "AsyncEngineDeadError")  # vLLM: the engine core process is gone
 # torch's NCCL watchdog, its blocking wait (TORCH_NCCL_BLOCKING_WAIT=1), gloo; a work's "Timeout(ms)=" alone
@@ -228,7 +229,7 @@ def _group(cluster: Any, role: str) -> str:
     return f"{who} ({_gpus(spec, devs)})"
 
 
-def _gpus(spec: Any, devs: tuple[int, ...]) -> str:
+def _gpus(spec: RunSpec, devs: tuple[int, ...]) -> str:
     """``GPU 3`` / ``GPUs 4-7``: devices numbered within their node."""
     local = tuple(d % spec.hardware.devices_per_node for d in devs)
     return f"{'GPU' if len(local) == 1 else 'GPUs'} {ranges(local)}"
