@@ -78,7 +78,8 @@ def _warmup(optimizer, warmup_steps: int):
 
 
 def _to(batch: Batch, device) -> Batch:
-    return {k: v.to(device) for k, v in batch.items()}
+    """The batch's tensors on ``device``; other values (a supervised micro-batch's ``max_len``) as they are."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class _Model(Worker):
