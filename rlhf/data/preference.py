@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlhf.data.files import Records, check_messages, row_value
-from rlhf.data.sft import (Row, TruncationReport, first_fit, keep_within, prompt_ids, response_ids,
-                           truncation_policy)
+from rlhf.data.sft import (Row, TruncationReport, first_fit, keep_within, padding_free_index, prompt_ids,
+                           response_ids, truncation_policy)
 from rlhf.spec.schema import DataSpec
 from rlhf.spec.errors import UserError
 
@@ -106,10 +106,11 @@ def build_pairs(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, w
     return out, report
 
 
-def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max_length: int = 0) -> dict[str, torch.Tensor]:
+def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max_length: int = 0) -> dict[str, Any]:
     """Tensors for m pairs: input_ids, loss_mask (response tokens), position_ids, seg (example
-    number within its row, -1 padding), seq (sequence number 0..2m-1, -1 padding) and ``last``
-    [2m, 2] = (row, position) of each sequence's last token."""
+    number within its row, -1 padding), seq (sequence number 0..2m-1, -1 padding), ``last``
+    [2m, 2] = (row, position) of each sequence's last token, and the real tokens' places
+    (``rlhf.data.sft.padding_free_index``)."""
     seqs: list[tuple[list[int], list[int]]] = []
     for p in pairs:
         for resp in (p.chosen, p.rejected):
@@ -146,6 +147,7 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max
         for t in range(n):
             last[seq_of_row[b][t]] = torch.tensor([b, t])
     out["last"] = last
+    out.update(padding_free_index(out["seg"], out["position_ids"]))
     return out
 
 

@@ -309,8 +309,9 @@ def to_rows(examples: Sequence[Example], *, pack: bool, max_length: int) -> list
     return rows
 
 
-def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors: input_ids, loss_mask, position_ids, seg (-1 on padding)."""
+def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
+    """Right-padded tensors: input_ids, loss_mask, position_ids, seg (-1 on padding), and the
+    real tokens' places (``padding_free_index``)."""
     T = max(len(r) for r in rows)
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -323,7 +324,19 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
         mask[b, :n] = torch.tensor(r.loss_mask)
         pos[b, :n] = torch.tensor(r.position_ids)
         seg[b, :n] = torch.tensor(r.seg)
-    return {"input_ids": ids, "loss_mask": mask, "position_ids": pos, "seg": seg}
+    return {"input_ids": ids, "loss_mask": mask, "position_ids": pos, "seg": seg, **padding_free_index(seg, pos)}
+
+
+def padding_free_index(seg: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """Where the real tokens of right-padded rows sit, for the padding-free pass of the supervised
+    objectives (``rlhf.loops.objectives.backbone_hidden``), found here on the host so that the
+    worker's pass reads no device value back: ``real_index [N]`` their flat positions in the
+    ``[B * T]`` layout, row by row; ``cu_seqlens [n + 1]`` (int32) where each example starts among
+    them (at its position id 0) and where the last ends; ``max_len`` the longest example, an int."""
+    real = torch.nonzero(seg.flatten() >= 0).flatten()
+    starts = torch.nonzero(position_ids.flatten()[real] == 0).flatten()
+    cu = torch.cat([starts, starts.new_tensor([real.numel()])])
+    return {"real_index": real, "cu_seqlens": cu.to(torch.int32), "max_len": int((cu[1:] - cu[:-1]).max())}
 
 
 def model_inputs(batch: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, attn_impl: str = "sdpa") -> dict[str, torch.Tensor]:

@@ -43,22 +43,22 @@ def backbone_hidden(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
     A model that attends with ``rlhf_varlen`` (every training worker's: ``rlhf.models.varlen``)
     gets the batch padding-free: every example's real tokens end to end in one row, attention
     kept to each example by ``cu_seq_lens`` (FlashAttention's varlen kernel on CUDA), so neither
-    padding nor a ``T × T`` mask for packed rows is computed. Other models take the padded rows
-    with their mask (``rlhf.data.sft.model_inputs``)."""
+    padding nor a ``T × T`` mask for packed rows is computed; where each example's tokens are
+    (``real_index``, ``cu_seqlens``, ``max_len``) comes with the micro-batch from its collate.
+    Other models take the padded rows with their mask (``rlhf.data.sft.model_inputs``)."""
     from rlhf.models.varlen import NAME, packed_kwargs
 
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(hf.config, "_attn_implementation", None) != NAME:
         return hf.base_model(**_inputs(model, mb), use_cache=False).last_hidden_state
-    real = mb["seg"] >= 0
-    ids, pos = mb["input_ids"][real], mb["position_ids"][real]  # row by row, in order
-    starts = torch.nonzero(pos == 0).flatten()  # every example starts at position 0
-    cu = torch.cat([starts, starts.new_tensor([ids.numel()])])
-    packed = {"input_ids": ids[None], "position_ids": pos[None], "cu_seqlens": cu, "max_len": (cu[1:] - cu[:-1]).max()}
+    # where the real tokens are came with the micro-batch, worked out on the host (the collates'
+    # rlhf.data.sft.padding_free_index): finding them here would read device values back
+    B, T = mb["input_ids"].shape
+    index = mb["real_index"]
+    ids, pos = mb["input_ids"].flatten()[index], mb["position_ids"].flatten()[index]
+    packed = {"input_ids": ids[None], "position_ids": pos[None], "cu_seqlens": mb["cu_seqlens"], "max_len": mb["max_len"]}
     flat = hf.base_model(**packed_kwargs(packed, ids.device)).last_hidden_state[0]
-    out = flat.new_zeros(*real.shape, flat.shape[-1])
-    out[real] = flat
-    return out
+    return flat.new_zeros(B * T, flat.shape[-1]).index_copy(0, index, flat).view(B, T, -1)
 
 
 def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Tensor] = None,

@@ -78,7 +78,8 @@ def _warmup(optimizer, warmup_steps: int):
 
 
 def _to(batch: Batch, device) -> Batch:
-    return {k: v.to(device) for k, v in batch.items()}
+    """The batch's tensors on ``device``; other values (a supervised micro-batch's ``max_len``) as they are."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class _Model(Worker):
@@ -156,21 +157,35 @@ class _Model(Worker):
     # -- the RL passes run padding-free (rlhf.data.packing): micro-batches of at most
     #    ``train.max_tokens_per_micro_batch`` real tokens, the same number on every rank
     def packed_micro_batches(self, batch: Batch) -> list[tuple[list[int], dict]]:
-        """``[(rows, packed)]`` covering the local batch's rows in order."""
+        """``[(rows, packed)]`` covering the local batch's rows in order. Where the LM head is
+        partitioned (ZeRO-3, several ranks) each ``packed`` also holds ``head_rows``, the most head
+        rows any rank has in that micro-batch (``rlhf.workers.zero3.equal_head_rows``), agreed here
+        in one collective instead of one per head pass."""
+        from rlhf.workers.zero3 import padded_head
+
         plen, rlen = real_lengths(batch)
         n = (plen + rlen).tolist()
         groups = token_groups(n, self.spec.train.max_tokens_per_micro_batch)
         groups = split_to_count(groups, n, self._max_over_ranks(len(groups)))
-        return [(rows, pack(batch, rows)) for rows in groups]
+        out = [(rows, pack(batch, rows)) for rows in groups]
+        if padded_head(_hf_model(self._fn_module()).get_output_embeddings()):
+            most = self._max_each_over_ranks([len((p if rows else self._stand_in(p))["targets"]) for rows, p in out])
+            for (_, p), m in zip(out, most):
+                p["head_rows"] = m
+        return out
 
     def _max_over_ranks(self, value: int) -> int:
-        if self.world_size == 1:
-            return value
+        return self._max_each_over_ranks([value])[0]
+
+    def _max_each_over_ranks(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of ``values`` (the same length on every rank) over the ranks."""
+        if self.world_size == 1 or not values:
+            return list(values)
         import torch.distributed as dist
 
-        t = torch.tensor([value], device=self.torch_device())
+        t = torch.tensor(values, device=self.torch_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return t.tolist()
 
     @staticmethod
     def _stand_in(packed: dict) -> dict:
@@ -195,7 +210,7 @@ class _Model(Worker):
         dev = self.torch_device()
         hidden = self._hidden(model, packed)[packed["pred_index"].to(dev)]
         head = model.get_output_embeddings()
-        hidden, targets, n = equal_head_rows(hidden, packed["targets"].to(dev), head)
+        hidden, targets, n = equal_head_rows(hidden, packed["targets"].to(dev), head, packed.get("head_rows"))
         lp, ent = logprobs_from_hidden(hidden, head, targets, self.temperature, with_entropy,
                                        vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
         return lp[:n], (ent[:n] if ent is not None else None)

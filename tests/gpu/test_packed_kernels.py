@@ -135,7 +135,7 @@ def test_supervised_padding_free_bf16_matches_padded():
         p, r = (int(n) for n in torch.randint(5, 80, (2,), generator=g))
         ids = torch.randint(1, 4096, (p + r,), generator=g).tolist()
         rows[k % 4].add(ids, [0] * p + [1] * r, k // 4)
-    mb = {k: v.cuda() for k, v in S.collate(rows, 0).items()}
+    mb = {k: v.cuda() if torch.is_tensor(v) else v for k, v in S.collate(rows, 0).items()}
     with torch.no_grad():
         a, b = O.token_logps(padded, mb), O.token_logps(varlen, mb)
     m = mb["loss_mask"].bool()

@@ -283,3 +283,61 @@ def test_objective_stats_stay_on_the_device_and_sum_once_as_read_per_micro_batch
                 read_each[k] = read_each.get(k, 0.0) + float(v)
         assert once.totals() == read_each, type(objective).__name__
         assert all(type(v) is float for v in once.totals().values())
+
+
+def _host_reads(fn) -> list[str]:
+    """The ops in ``fn()``, called from rlhf's own code, that make the host read a tensor's value
+    (``.item()``/``int()``, ``nonzero``, boolean-mask indexing): on a GPU each waits for the device."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    reads = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
+    indexing = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default}
+
+    found: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            masks = func in indexing and any(t is not None and t.dtype == torch.bool for t in args[1])
+            if func in reads or masks:
+                caller = next(f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename)
+                if "/rlhf/" in caller.filename:
+                    found.append(f"{func} at {caller.filename}:{caller.lineno}")
+            return func(*args, **(kwargs or {}))
+
+    with Record(), torch.no_grad():
+        fn()
+    return found
+
+
+def test_the_padding_free_pass_reads_nothing_back_from_the_device(keymap_tok):
+    """``backbone_hidden`` finds the real tokens from the collate's host-side index
+    (``sft.padding_free_index``): no sync of its own per micro-batch (transformers' own packed-row
+    check is not ours), and ``max_len`` travels as an int that a worker's ``_to`` leaves alone."""
+    import copy
+
+    from rlhf.models.varlen import use_varlen
+    from rlhf.workers.train import _to
+
+    lm, rm = _models(len(keymap_tok))
+    pairs = _pairs(keymap_tok)
+    rows = [S.Row() for _ in range(2)]
+    for k in range(4):
+        ids = keymap_tok(f"key k{k}" + " k1" * k)["input_ids"] + [10 + k, keymap_tok.eos_token_id]
+        rows[k % 2].add(ids, [0] * (len(ids) - 2) + [1, 1], k // 2)
+    mbs = [S.collate(rows, keymap_tok.pad_token_id), P.collate_pairs(pairs, keymap_tok.pad_token_id),
+           P.collate_pairs(pairs, keymap_tok.pad_token_id, pack=True, max_length=32)]
+    for model in (lm, rm):
+        varlen = copy.deepcopy(model)
+        use_varlen(varlen)
+        for mb in mbs:
+            assert type(mb["max_len"]) is int and mb["cu_seqlens"].dtype == torch.int32
+            real = mb["seg"] >= 0
+            assert mb["real_index"].tolist() == torch.nonzero(real.flatten()).flatten().tolist()
+            lengths = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
+            assert sum(lengths) == int(real.sum()) and max(lengths) == mb["max_len"]
+            assert _host_reads(lambda: O.backbone_hidden(varlen, mb)) == []
+            moved = _to(mb, "cpu")
+            assert moved["max_len"] == mb["max_len"] and type(moved["max_len"]) is int

@@ -1,13 +1,15 @@
 """Under ZeRO-3 every rank must call the LM head as often as the others (each call gathers the
 partitioned weight). rlhf.workers.zero3.equal_head_rows pads a rank's rows to the largest count;
 checked on two gloo ranks with a head whose weight carries ZeRO-3's ``ds_id`` mark: equal head
-calls, and the same log-probs and weight gradient as without padding."""
+calls, and the same log-probs and weight gradient as without padding; and a policy worker's
+packed passes, whose counts are agreed once per call (``packed_micro_batches``)."""
 
 from __future__ import annotations
 
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -30,6 +32,7 @@ def _rank(rank: int, port: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
+        out[("worker", rank)] = _worker_checks(rank)
         torch.manual_seed(0)
         head = _CountingHead(8, 50, bias=False).double()
         head.weight.ds_id = 0  # what ZeRO-3 marks its partitioned parameters with
@@ -49,12 +52,19 @@ def _rank(rank: int, port: int, out) -> None:
         dist.destroy_process_group()
 
 
-def test_ranks_call_a_zero3_head_equally_and_padding_changes_nothing():
+@pytest.fixture(scope="module")
+def two_ranks() -> dict:
+    """What both gloo ranks measured, from one spawn for the module's tests."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = mp.Manager().dict()
     mp.spawn(_rank, args=(port, out), nprocs=2, join=True)
+    return dict(out)
+
+
+def test_ranks_call_a_zero3_head_equally_and_padding_changes_nothing(two_ranks):
+    out = two_ranks
     rows = [out[r][0] for r in range(2)]
     calls = [out[r][2] for r in range(2)]
     # ceil(11 / 4) = 3 chunks on both ranks, each called in the forward and again in the backward
@@ -70,3 +80,67 @@ def test_without_zero3_nothing_is_padded():
     hidden, tokens = torch.randn(3, 8), torch.randint(0, 50, (3,))
     h, y, n = equal_head_rows(hidden, tokens, head)
     assert h is hidden and y is tokens and n == 3
+
+
+def _worker_checks(rank: int) -> tuple:
+    """A policy worker's packed log-prob pass on two gloo ranks with different batches, its LM head
+    marked as ZeRO-3's: the head row counts are agreed once per call, not once per head pass."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhf.data.batch import collate
+    from rlhf.models.varlen import use_varlen
+    from rlhf.workers.train import PolicyWorker
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).double().eval()
+    use_varlen(model)
+    model.lm_head.weight.ds_id = 0  # what ZeRO-3 marks its partitioned parameters with
+    worker = PolicyWorker.__new__(PolicyWorker)  # the methods under test, without Ray or DeepSpeed
+    worker.module, worker.world_size, worker.device, worker.temperature = model, 2, "cpu", 1.0
+    worker.spec = SimpleNamespace(train=SimpleNamespace(max_tokens_per_micro_batch=12, compile_logprobs=False))
+    g = torch.Generator().manual_seed(rank)
+    n_rows = (2, 5)[rank]  # rank 0 runs stand-ins for the micro-batches it lacks
+    prompts = [torch.randint(1, 50, (3,), generator=g).tolist() for _ in range(n_rows)]
+    responses = [torch.randint(1, 50, (1 + (i * 3 + rank) % 5,), generator=g).tolist() for i in range(n_rows)]
+    batch = collate(prompts, responses, 0)
+
+    reduces = []
+    real_all_reduce = dist.all_reduce
+
+    def counting(t, *a, **k):
+        reduces.append(t.numel())
+        return real_all_reduce(t, *a, **k)
+
+    dist.all_reduce = counting
+    try:
+        packed = worker.packed_micro_batches(batch)
+        agreed = list(reduces)
+        reduces.clear()
+        with torch.no_grad():
+            got = [worker._token_logprobs(model, p if rows else worker._stand_in(p))[0] for rows, p in packed]
+            passes = list(reduces)
+            reduces.clear()  # and the same passes without the agreed counts: each agrees its own
+            alone = [worker._token_logprobs(model, {k: v for k, v in (p if rows else worker._stand_in(p)).items()
+                                                    if k != "head_rows"})[0] for rows, p in packed]
+    finally:
+        dist.all_reduce = real_all_reduce
+    own = [len(p["targets"]) if rows else 1 for rows, p in packed]
+    return (agreed, passes, len(reduces), [p["head_rows"] for _, p in packed], own,
+            [torch.equal(a, b) for a, b in zip(got, alone)], [len(x) for x in got])
+
+
+def test_a_worker_agrees_the_head_rows_of_all_its_micro_batches_at_once(two_ranks):
+    (agreed0, passes0, per_pass0, most0, own0, same0, n0), (agreed1, passes1, per_pass1, most1, own1, same1, n1) = \
+        two_ranks[("worker", 0)], two_ranks[("worker", 1)]
+    k = len(most0)
+    assert k > 1 and len(most1) == k and own0 != own1
+    # one collective for the micro-batch count, one vector for every micro-batch's head rows
+    assert agreed0 == agreed1 == [1, k]
+    assert passes0 == passes1 == []  # no collective (nor a host read) in the head passes
+    assert per_pass0 == per_pass1 == k  # without head_rows: one per pass, as before
+    assert most0 == most1 == [max(a, b) for a, b in zip(own0, own1)]
+    assert all(same0) and all(same1) and n0 == own0 and n1 == own1
