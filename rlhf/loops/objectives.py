@@ -104,11 +104,9 @@ class SFTObjective:
     compile: bool = False  # train.compile_logprobs: the LM head's chunk passes through torch.compile
 
     def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
-        keep = mb["loss_mask"] != 0
-        keep[:, 0] = False
-        nll = -token_logps(model, mb, keep, self.compile).sum()
+        nll = -token_logps(model, mb, compile=self.compile).sum()  # over loss_mask, position 0 left out
         loss = nll * mb["loss_scale"].to(nll.dtype)
-        return loss, {"nll_sum": nll.detach(), "tokens": keep.sum()}
+        return loss, {"nll_sum": nll.detach(), "tokens": (mb["loss_mask"][:, 1:] != 0).sum()}
 
 
 def sequence_scores(model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -86,8 +86,8 @@ def test_a_spec_that_does_not_build_gives_its_claimed_dir_back(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     claimed = []
-    real = cli.run_dir_for
-    monkeypatch.setattr(build, "run_dir_for", lambda cfg, claim=False: claimed.append(real(cfg, claim)) or claimed[-1])
+    real = build.unique_dir  # what claim_run_dir creates the dir with
+    monkeypatch.setattr(build, "unique_dir", lambda name, claim=False: claimed.append(real(name, claim)) or claimed[-1])
     assert cli.main(["train.steps=-1", "tracking.backend=none"]) == 2
     assert len(claimed) == 1 and claimed[0].startswith("outputs")
     assert "train.steps" in capsys.readouterr().err
