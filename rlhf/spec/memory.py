@@ -36,7 +36,7 @@ ACT_BYTES_PER_LAYER = (20, 8, 4, 4)
 # The same with Liger's kernels (model.liger_kernels true): its fused RMSNorm keeps only its bf16
 # input (4h per norm with the scaled output the projections keep, not 8h) and its SwiGLU recomputes
 # SiLU(gate) in the backward (6I, not 8I). Measured on an H200 at Qwen2.5-1.5B's shape: 2.0 MB per
-# extra token of a micro-batch, which (12h + 6I + 4kv + 4H)·L = 2.05 MB predicts (docs/memory.md).
+# extra token of a micro-batch, which (12h + 6I + 4kv + 4H)·L + 4h = 2.06 MB predicts (docs/memory.md).
 ACT_BYTES_PER_LAYER_LIGER = (12, 6, 4, 4)
 # The final norm before the head, once per model: with HF's norm 8h per token (the fp32 upcast,
 # the normalised bf16 and the rows the head reads); Liger's fused norm keeps only its input, so 2h
@@ -45,7 +45,9 @@ ACT_BYTES_FINAL_NORM = 8
 ACT_BYTES_FINAL_NORM_LIGER = 4
 # Log-probs and entropy come from the hidden states in chunks of rows, chunk // V rows of chunk
 # logits at a time: the code's rlhf.algos.logprobs.CHUNK_ELEMENTS on CPU and CUDA_CHUNK_ELEMENTS
-# on a GPU (rlhf.spec imports no torch: a test keeps the two pairs equal).
+# on a GPU (rlhf.spec imports no torch: a test keeps the two pairs equal). Nothing of the pass
+# grows with tokens × vocabulary: measured on an H200 (bench/update_speed, 1.5B, 16,384 and 32,768
+# tokens per micro-batch) the update's peak grows by the activations alone.
 LOGITS_CHUNK = 2**26
 CUDA_LOGITS_CHUNK = 2**28
 # A plain linear head (any run below ZeRO-3 whose head has no LoRA adapter) takes the written-out
@@ -59,8 +61,6 @@ HEAD_GRAD_BYTES = 4
 # Any other head (ZeRO-3-partitioned, LoRA-adapted) goes through autograd, each chunk checkpointed:
 # one chunk's fp32 logits, softmax and their gradients (4 B each) and the bf16 head output (2 B).
 CHUNK_BYTES_PER_LOGIT = 18
-# Measured on an H200 (bench/update_speed, 1.5B, 16,384 and 32,768 tokens per micro-batch) the
-# update's peak grows by the activations alone: no term per token × vocabulary.
 # A forward-only pass (reference, reward model, critic values) keeps one chunk of bf16 and fp32
 # logits and the log-sum-exp's fp32 temporaries: 14 B per logit of one chunk.
 FORWARD_CHUNK_BYTES_PER_LOGIT = 14
