@@ -28,24 +28,39 @@ VLLM_ASLEEP_GB = 1.0
 # Plans above this share of device memory are reported as not fitting.
 FIT_MARGIN = 0.95
 # Bytes a Qwen2/Llama decoder layer keeps per token for the backward pass at 16 bits, as
-# a·h + b·I + c·kv + d·heads (kv = h/H·K): two RMSNorms at 8h each (the fp32 upcast 4h, the
-# normalised bf16 2h, the scaled output 2h); attention 4h + 4·kv + 4·heads (q and the output 2h
-# each, k and v 2·kv each, FlashAttention's fp32 log-sum-exp per head); the SwiGLU MLP 8I (gate,
-# up, SiLU(gate), their product). Measured with saved-tensor hooks (tests/spec/test_spec_activations.py).
+# a·h + b·I + c·kv + d·heads (kv = h/H·K), with HF's own layers: two RMSNorms at 8h each (the fp32
+# upcast 4h, the normalised bf16 2h, the scaled output 2h); attention 4h + 4·kv + 4·heads (q and the
+# output 2h each, k and v 2·kv each, FlashAttention's fp32 log-sum-exp per head); the SwiGLU MLP 8I
+# (gate, up, SiLU(gate), their product). Measured with saved-tensor hooks (tests/spec/test_spec_activations.py).
 ACT_BYTES_PER_LAYER = (20, 8, 4, 4)
-# The final norm before the head keeps 8h per token, once per model.
+# The same with Liger's kernels (model.liger_kernels true): its fused RMSNorm keeps only its bf16
+# input (4h per norm with the scaled output the projections keep, not 8h) and its SwiGLU recomputes
+# SiLU(gate) in the backward (6I, not 8I). Measured on an H200 at Qwen2.5-1.5B's shape: 2.0 MB per
+# extra token of a micro-batch, which (12h + 6I + 4kv + 4H)·L + 4h = 2.06 MB predicts (docs/memory.md).
+ACT_BYTES_PER_LAYER_LIGER = (12, 6, 4, 4)
+# The final norm before the head, once per model: with HF's norm 8h per token (the fp32 upcast,
+# the normalised bf16 and the rows the head reads); Liger's fused norm keeps only its input, so 2h
+# plus those rows' 2h (the response positions' hidden states, which the log-prob pass keeps).
 ACT_BYTES_FINAL_NORM = 8
-# Log-probs and entropy come from the hidden states in chunks of 2^26 logits (rlhf.algos.logprobs);
-# one chunk's working set is its fp32 logits, softmax and their gradients (4 B each) and the bf16
-# head output (2 B): 18 B per logit. Measured on an H200 the policy's
-# training pass peaks 9.6-11.6 B per (response token × vocabulary) above the rest, far more than
-# one chunk, so the plan counts LOGPROB_BYTES_PER_LOGIT for every token of the micro-batch
-# (t ≥ its response tokens) until that is found (docs/memory.md). That measurement predates the
-# written-out LM-head backward (one weight gradient instead of one per chunk) and the 2^28-logit
-# GPU chunks (rlhf.algos.logprobs.CUDA_CHUNK_ELEMENTS): to be measured again.
+ACT_BYTES_FINAL_NORM_LIGER = 4
+# Log-probs and entropy come from the hidden states in chunks of rows, chunk // V rows of chunk
+# logits at a time: the code's rlhf.algos.logprobs.CHUNK_ELEMENTS on CPU and CUDA_CHUNK_ELEMENTS
+# on a GPU (rlhf.spec imports no torch: a test keeps the two pairs equal). Nothing of the pass
+# grows with tokens × vocabulary: measured on an H200 (bench/update_speed, 1.5B, 16,384 and 32,768
+# tokens per micro-batch) the update's peak grows by the activations alone.
 LOGITS_CHUNK = 2**26
+CUDA_LOGITS_CHUNK = 2**28
+# A plain linear head (any run below ZeRO-3 whose head has no LoRA adapter) takes the written-out
+# backward: the forward keeps per-row statistics only, and the backward's eager working set per
+# logit of a chunk is its bf16 logits 2 B + one fp32 copy 4 B + the fp32 softmax of an entropy
+# gradient 4 B + the previous chunk's bf16 gradient 2 B (the forward needs 6 B).
+LINEAR_CHUNK_BYTES_PER_LOGIT = 12
+# ... plus the head's weight gradient, summed over the chunks in fp32 (4 B per weight) when the
+# head trains (not under LoRA, whose head is frozen).
+HEAD_GRAD_BYTES = 4
+# Any other head (ZeRO-3-partitioned, LoRA-adapted) goes through autograd, each chunk checkpointed:
+# one chunk's fp32 logits, softmax and their gradients (4 B each) and the bf16 head output (2 B).
 CHUNK_BYTES_PER_LOGIT = 18
-LOGPROB_BYTES_PER_LOGIT = 9
 # A forward-only pass (reference, reward model, critic values) keeps one chunk of bf16 and fp32
 # logits and the log-sum-exp's fp32 temporaries: 14 B per logit of one chunk.
 FORWARD_CHUNK_BYTES_PER_LOGIT = 14
@@ -166,10 +181,22 @@ def frozen_model_gb(params: int, shards: int, zero_stage: int, dtype: str) -> fl
     return DTYPE_BYTES[dtype] * params / (max(shards, 1) if zero_stage >= 3 else 1) / GB
 
 
+def liger(m: ModelSpec) -> bool:
+    """Whether the model runs Liger's kernels: ``model.liger_kernels`` resolved to True (auto is
+    resolved before a plan; an unresolved value counts as off)."""
+    return m.liger_kernels is True
+
+
+def logits_chunk(accelerator: str) -> int:
+    """Logits per log-prob chunk on this accelerator (rlhf.algos.logprobs' chunk sizes)."""
+    return CUDA_LOGITS_CHUNK if accelerator == "cuda" else LOGITS_CHUNK
+
+
 def layer_activation_bytes(m: ModelSpec) -> float:
     """Bytes one decoder layer keeps per token for the backward pass: a·h + b·I + c·kv + d·heads
-    (ACT_BYTES_PER_LAYER, at 16 bits; float32 weights double it)."""
-    a, b, c, d = ACT_BYTES_PER_LAYER
+    (ACT_BYTES_PER_LAYER, or ACT_BYTES_PER_LAYER_LIGER with Liger's kernels; at 16 bits, float32
+    weights double it)."""
+    a, b, c, d = ACT_BYTES_PER_LAYER_LIGER if liger(m) else ACT_BYTES_PER_LAYER
     kv = m.hidden // m.n_heads * m.n_kv_heads
     return (a * m.hidden + b * m.intermediate + c * kv + d * m.n_heads) * DTYPE_BYTES[m.dtype] / 2
 
@@ -177,12 +204,13 @@ def layer_activation_bytes(m: ModelSpec) -> float:
 def activations_gb(m: ModelSpec, tokens: int) -> float:
     """Activation memory of the decoder for one training micro-batch of ``tokens`` packed tokens.
 
-    t·L·layer_activation_bytes + the final norm's 8h·t; with gradient checkpointing each layer
-    keeps only its input (2h·t) and one layer at a time is recomputed with its full activations.
+    t·L·layer_activation_bytes + the final norm's 8h·t (4h·t with Liger's kernels); with gradient
+    checkpointing each layer keeps only its input (2h·t) and one layer at a time is recomputed with
+    its full activations.
     """
     per_layer = layer_activation_bytes(m) * tokens
     scale = DTYPE_BYTES[m.dtype] / 2
-    final = ACT_BYTES_FINAL_NORM * m.hidden * tokens * scale
+    final = (ACT_BYTES_FINAL_NORM_LIGER if liger(m) else ACT_BYTES_FINAL_NORM) * m.hidden * tokens * scale
     if m.gradient_checkpointing:
         layers = 2 * m.hidden * tokens * m.n_layers * scale + per_layer
     else:
@@ -190,19 +218,25 @@ def activations_gb(m: ModelSpec, tokens: int) -> float:
     return (layers + final) / GB
 
 
-def logprob_pass_gb(m: ModelSpec, tokens: int) -> float:
-    """The policy's log-prob and entropy pass with gradients over a micro-batch of ``tokens``:
-    max(CHUNK_BYTES_PER_LOGIT·min(t·V, LOGITS_CHUNK), LOGPROB_BYTES_PER_LOGIT·t·V) (see the
-    constants)."""
-    logits = tokens * m.vocab
-    return max(CHUNK_BYTES_PER_LOGIT * min(logits, LOGITS_CHUNK), LOGPROB_BYTES_PER_LOGIT * logits) / GB
+def logprob_pass_gb(m: ModelSpec, tokens: int, chunk: int, zero_stage: int) -> float:
+    """The policy's log-prob and entropy pass with gradients over a micro-batch of ``tokens``, with
+    ``chunk`` logits per chunk (``logits_chunk``): one chunk's working set, and the head's fp32
+    weight gradient when the head trains whole. A plain linear head:
+    LINEAR_CHUNK_BYTES_PER_LOGIT·min(t·V, chunk) + HEAD_GRAD_BYTES·V·h (not under LoRA); a
+    ZeRO-3-partitioned or LoRA-adapted head: CHUNK_BYTES_PER_LOGIT·min(t·V, chunk)."""
+    logits = min(tokens * m.vocab, chunk)
+    if zero_stage >= 3 or (m.lora.rank > 0 and "lm_head" in m.lora.target_modules):
+        return CHUNK_BYTES_PER_LOGIT * logits / GB
+    head_grad = HEAD_GRAD_BYTES * m.vocab * m.hidden if m.lora.rank <= 0 else 0
+    return (LINEAR_CHUNK_BYTES_PER_LOGIT * logits + head_grad) / GB
 
 
-def forward_pass_gb(m: ModelSpec, tokens: int, lm_head: bool = True) -> float:
+def forward_pass_gb(m: ModelSpec, tokens: int, chunk: int, lm_head: bool = True) -> float:
     """A forward-only pass (reference log-probs, critic values, reward scores) over ``tokens``:
-    one layer's activations at a time, and with an LM head one chunk of logits (14 B per logit)."""
+    one layer's activations at a time, and with an LM head one chunk of ``chunk`` logits
+    (FORWARD_CHUNK_BYTES_PER_LOGIT each)."""
     layer = layer_activation_bytes(m) * tokens
-    logits = FORWARD_CHUNK_BYTES_PER_LOGIT * min(tokens * m.vocab, LOGITS_CHUNK) if lm_head else 0
+    logits = FORWARD_CHUNK_BYTES_PER_LOGIT * min(tokens * m.vocab, chunk) if lm_head else 0
     return (layer + logits) / GB
 
 
@@ -266,6 +300,7 @@ def estimate(spec: RunSpec) -> Estimate:
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     z, off = train.zero_stage, train.offload_optimizer
     lm_head = spec.algo.kind != "rm"  # a reward model trains a value head
+    chunk = logits_chunk(hw.accelerator)
 
     def states(role: str, params: int) -> dict[str, float]:
         parts = trained_model_gb(params, lay.world_size(role), z, off, m.dtype)
@@ -285,7 +320,7 @@ def estimate(spec: RunSpec) -> Estimate:
         actor = states("actor", p_policy)
     actor_work = {**buffers("actor", p_lora or p_policy), "activations": activations_gb(m, tokens)}
     if lm_head:
-        actor_work["log-prob pass"] = logprob_pass_gb(m, tokens)
+        actor_work["log-prob pass"] = logprob_pass_gb(m, tokens, chunk, z)
     has_critic = "critic" in spec.roles
     critic = states("critic", p_value) if has_critic else {}
     critic_work = {**buffers("critic", p_value), "critic activations": activations_gb(m, tokens)} if has_critic else {}
@@ -304,10 +339,10 @@ def estimate(spec: RunSpec) -> Estimate:
         # Every GPU holds every role; one phase runs at a time. The actor's and the critic's
         # updates run at the same time, and each process keeps its cached blocks until the
         # phase ends (the reference's forward pass too), so all of them add up.
-        frozen_work = {"reference pass": forward_pass_gb(m, tokens)} if has_reference and cuda else {}
+        frozen_work = {"reference pass": forward_pass_gb(m, tokens, chunk)} if has_reference and cuda else {}
         # the reward model scores right after generation, vLLM awake, and its process keeps the
         # blocks until the next release before vLLM wakes: it counts in both phases
-        reward_work = {"reward model pass": forward_pass_gb(m, tokens, lm_head=False)} if reward and cuda else {}
+        reward_work = {"reward model pass": forward_pass_gb(m, tokens, chunk, lm_head=False)} if reward and cuda else {}
         frozen_work.update(reward_work)
         train_phase = {**actor, **critic, **reference, **reward, **actor_work, **critic_work, **frozen_work,
                        **runtime}
@@ -337,9 +372,9 @@ def estimate(spec: RunSpec) -> Estimate:
         if critic:
             est.figures["critic"] = {**critic, **critic_work, **runtime}
         if reference:
-            est.figures["reference"] = {**reference, "reference pass": forward_pass_gb(m, tokens), **runtime}
+            est.figures["reference"] = {**reference, "reference pass": forward_pass_gb(m, tokens, chunk), **runtime}
         if reward:
-            est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, lm_head=False),
+            est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, chunk, lm_head=False),
                                      **runtime}
         if rollout:
             est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}

@@ -12,6 +12,7 @@ import yaml
 from rlhf import cli
 from rlhf.paths import conf_dir
 from rlhf.spec import memory
+from rlhf.spec.schema import LoraSpec, ModelSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
 
@@ -49,28 +50,39 @@ def doc_params(m: dict, value_head: bool = False) -> int:
     return body + (0 if m["tie_embeddings"] else V * h)
 
 
-def doc_layer_bytes(m: dict) -> float:
-    """Bytes a decoder layer keeps per token: 20h + 8I + 4·kv + 4·heads at 16 bits."""
+CUDA_CHUNK = 2**28  # logits per log-prob chunk on a GPU (2**26 on CPU)
+
+
+def doc_layer_bytes(m: dict, liger: bool = False) -> float:
+    """Bytes a decoder layer keeps per token: 20h + 8I + 4·kv + 4·heads at 16 bits with HF's layers,
+    12h + 6I + 4·kv + 4·heads with Liger's kernels."""
     h, H, K = m["hidden"], m["n_heads"], m["n_kv_heads"]
     b = 2 if m["dtype"] in ("bfloat16", "float16") else 4
-    return (20 * h + 8 * m["intermediate"] + 4 * (h // H) * K + 4 * H) * b / 2
+    a, c = (12, 6) if liger else (20, 8)
+    return (a * h + c * m["intermediate"] + 4 * (h // H) * K + 4 * H) * b / 2
 
 
-def doc_activations(m: dict, t: int, checkpointing: bool) -> float:
+def doc_activations(m: dict, t: int, checkpointing: bool, liger: bool = False) -> float:
     """t tokens per packed micro-batch: the layers (or, checkpointed, each layer's input and one
-    layer) and the final norm's 8h per token."""
+    layer) and the final norm's 8h per token (4h with Liger's kernels)."""
     h, L = m["hidden"], m["n_layers"]
     b = 2 if m["dtype"] in ("bfloat16", "float16") else 4
-    layers = (2 * t * h * L * b / 2 + doc_layer_bytes(m) * t) if checkpointing else doc_layer_bytes(m) * t * L
-    return (layers + 8 * h * t * b / 2) / 1e9
+    layer = doc_layer_bytes(m, liger)
+    layers = (2 * t * h * L * b / 2 + layer * t) if checkpointing else layer * t * L
+    return (layers + (4 if liger else 8) * h * t * b / 2) / 1e9
 
 
-def doc_logprob(m: dict, t: int) -> float:
-    return max(18 * min(t * m["vocab"], 2**26), 9 * t * m["vocab"]) / 1e9
+def doc_logprob(m: dict, t: int, zero_stage: int, chunk: int = CUDA_CHUNK, lora: bool = False) -> float:
+    """One chunk's working set: 12 B per logit with the written-out head backward, plus the head's
+    fp32 weight gradient 4·V·h when it trains; 18 B per logit for a ZeRO-3 head (autograd)."""
+    logits = min(t * m["vocab"], chunk)
+    if zero_stage == 3:
+        return 18 * logits / 1e9
+    return (12 * logits + (0 if lora else 4 * m["vocab"] * m["hidden"])) / 1e9
 
 
-def doc_forward_pass(m: dict, t: int) -> float:
-    return (doc_layer_bytes(m) * t + 14 * min(t * m["vocab"], 2**26)) / 1e9
+def doc_forward_pass(m: dict, t: int, chunk: int = CUDA_CHUNK, liger: bool = False) -> float:
+    return (doc_layer_bytes(m, liger) * t + 14 * min(t * m["vocab"], chunk)) / 1e9
 
 
 def doc_zero_buffers(m: dict, z: int) -> float:
@@ -89,70 +101,71 @@ def test_llama3_8b_parameter_count_matches_the_doc():
 
 
 def test_hybrid_plan_figures_follow_the_doc(capsys):
-    out = plan(capsys, *LLAMA8, "placement=hybrid")
+    """docs/memory.md's worked example, with the GPU default: Liger's kernels on."""
+    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true")
     m, md, hw = load("model", "llama3-8b"), load("model_defaults", "llama3-8b"), load("hardware", "8xh100")
     P, N, b = doc_params(m), hw["devices_per_node"] * hw["nodes"], 2
-    assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-3 (ZeRO-2 does not fit, below)
+    assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-2 (it fits, below)
     s = md["rollout"]["max_prompt_tokens"] + md["rollout"]["max_response_tokens"]
     t = md["train"]["micro_batch_size"] * s
     assert f"≤ {t} tokens per micro-batch" in out
-    work = {
-        "activations": doc_activations(m, t, md["model"]["gradient_checkpointing"]),
-        "log-prob pass": doc_logprob(m, t),
-        "reference pass": doc_forward_pass(m, t),
+    # ZeRO-2: weights whole, gradients and Adam's state sharded; the head whole, so the log-prob
+    # pass is the written-out backward's chunk and the head's fp32 weight gradient
+    expect = {
+        "actor weights": b * P / 1e9,
+        "actor grads": b * P / N / 1e9,
+        "actor optimizer": 12 * P / N / 1e9,
+        "reference weights": b * P / 1e9,
+        "actor ZeRO buffers": doc_zero_buffers(m, 2),
+        "actor optimizer step": 6 * P / N / 1e9,
+        "activations": doc_activations(m, t, md["model"]["gradient_checkpointing"], liger=True),
+        "log-prob pass": doc_logprob(m, t, zero_stage=2),
+        "reference pass": doc_forward_pass(m, t, liger=True),
         "runtime": 2.0,
         "vLLM asleep": 1.0,
     }
-    at_zero2 = (b * P + b * P / N + 12 * P / N + b * P + doc_zero_buffers(m, 2) * 1e9 + 6 * P / N) / 1e9 \
-        + sum(work.values())
     cap = 0.95 * hw["device_memory_gb"]
-    assert at_zero2 > cap
-    assert f"ZeRO-3 (auto: at ZeRO-2 the training phase needs {at_zero2:.0f} GB of 76 usable" in out
-    expect = {
-        "actor weights": b * P / N / 1e9,
-        "actor grads": b * P / N / 1e9,
-        "actor optimizer": 12 * P / N / 1e9,
-        "reference weights": b * P / N / 1e9,
-        "actor ZeRO buffers": doc_zero_buffers(m, 3),
-        "actor optimizer step": 6 * P / N / 1e9,
-        **work,
-    }
+    assert sum(expect.values()) <= cap
+    assert f"ZeRO-2 (auto: the training phase fits at ZeRO-2 ({sum(expect.values()):.0f} of 76 GB usable)" in out
     for part, gb in expect.items():
         assert figure(out, "training phase:", part) == pytest.approx(gb, abs=0.051), part
     assert total(out, "training phase:") == pytest.approx(sum(expect.values()), abs=0.051)
-    assert sum(expect.values()) <= cap
-    assert "steps: 100 · ZeRO-3 · seed 0" in out
+    assert "steps: 100 · ZeRO-2 · seed 0" in out
     vllm_w = b * P / 1 / 1e9
     share = 0.5 * hw["device_memory_gb"]
-    # resident, the (sharded) states fit next to vLLM: the doc's rule keeps them on the GPU
+    # resident, the states do not fit next to vLLM: the doc's rule offloads them, and only the
+    # frozen reference stays
     resident = sum(expect[k] for k in ("actor weights", "actor grads", "actor optimizer", "reference weights"))
-    assert share + resident + 2.0 <= cap
-    assert "training states stay on the GPU while vLLM generates (auto: the generation phase fits" in out
+    assert share + resident + 2.0 > cap
+    assert f"training states offloaded while vLLM generates (auto: resident, the training states would make the " \
+           f"generation phase {share + resident + 2.0:.0f} GB of 76 usable)" in out
     assert figure(out, "generation phase:", "vLLM weights") == pytest.approx(vllm_w, abs=0.051)
     assert figure(out, "generation phase:", "vLLM KV cache + activations") == pytest.approx(share - vllm_w, abs=0.051)
-    assert total(out, "generation phase:") == pytest.approx(share + resident + 2.0, abs=0.051)
+    assert figure(out, "generation phase:", "frozen weights (resident)") == pytest.approx(b * P / 1e9, abs=0.051)
+    assert total(out, "generation phase:") == pytest.approx(share + b * P / 1e9 + 2.0, abs=0.051)
     assert "✓ fits" in out and "does not fit" not in out
     assert "placement (hybrid, 8 devices)" in out
 
 
 def test_disaggregated_plan_figures_follow_the_doc(capsys):
-    out = plan(capsys, *LLAMA8, "placement=disaggregated", "train.offload_optimizer=false")
+    out = plan(capsys, *LLAMA8, "placement=disaggregated", "train.offload_optimizer=false", "model.liger_kernels=false")
     m = load("model", "llama3-8b")
     P = doc_params(m)
     assert "device 0-3: actor" in out  # 8 GPUs: rollout 2, actor 4 (largest power of two), reference 2
     assert "device 4-5: reference" in out
     N_actor, t = 4, 8 * 2048
-    assert "· ZeRO-3 ·" in out  # ZeRO-2 does not fit with Adam on the GPU
+    assert "· ZeRO-2 ·" in out  # fits with Adam on the GPU
     assert figure(out, "actor:", "actor optimizer") == pytest.approx(12 * P / N_actor / 1e9, abs=0.051)
     assert figure(out, "actor:", "actor grads") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
-    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / N_actor / 1e9, abs=0.051)
-    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 2 / 1e9, abs=0.051)  # 2 GPUs
+    assert figure(out, "actor:", "actor weights") == pytest.approx(2 * P / 1e9, abs=0.051)
+    assert figure(out, "actor:", "log-prob pass") == pytest.approx(doc_logprob(m, t, zero_stage=2), abs=0.051)
+    assert figure(out, "reference:", "reference weights") == pytest.approx(2 * P / 1e9, abs=0.051)  # whole below ZeRO-3
     # the reference's forward pass: one layer's activations and one chunk of logits, as in hybrid
     assert figure(out, "reference:", "reference pass") == pytest.approx(doc_forward_pass(m, t), abs=0.051)
-    assert total(out, "reference:") == pytest.approx(2 * P / 2 / 1e9 + doc_forward_pass(m, t) + 2.0, abs=0.051)
+    assert total(out, "reference:") == pytest.approx(2 * P / 1e9 + doc_forward_pass(m, t) + 2.0, abs=0.051)
     assert total(out, "actor:") == pytest.approx(
-        (2 / N_actor + 2 / N_actor + 12 / N_actor + 6 / N_actor) * P / 1e9 + doc_zero_buffers(m, 3)
-        + doc_activations(m, t, True) + doc_logprob(m, t) + 2.0, abs=0.051)
+        (2 + 2 / N_actor + 12 / N_actor + 6 / N_actor) * P / 1e9 + doc_zero_buffers(m, 2)
+        + doc_activations(m, t, True) + doc_logprob(m, t, zero_stage=2) + 2.0, abs=0.051)
 
 
 def test_zero_stage_and_offload_change_the_figures_as_documented(capsys):
@@ -166,13 +179,16 @@ def test_zero_stage_and_offload_change_the_figures_as_documented(capsys):
     out = plan(capsys, *LLAMA8, "train.zero_stage=3")
     assert figure(out, "training phase:", "actor weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     assert figure(out, "training phase:", "reference weights") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
+    # a partitioned head goes through autograd: 18 B per logit of one chunk, no whole weight gradient
+    assert figure(out, "training phase:", "log-prob pass") == pytest.approx(18 * 2**28 / 1e9, abs=0.051)
     out = plan(capsys, *LLAMA8, "train.zero_stage=2", "train.offload_optimizer=true",
-               "model.gradient_checkpointing=false", "train.max_tokens_per_micro_batch=4096")
+               "model.gradient_checkpointing=false", "train.max_tokens_per_micro_batch=4096",
+               "model.liger_kernels=false")
     line = out.split("training phase:")[1].split("\n")[0]
     assert figure(out, "training phase:", "actor grads") == pytest.approx(2 * P / 8 / 1e9, abs=0.051)
     assert "actor optimizer" not in line  # neither Adam's state nor the step's fp32 copy on the GPU
     assert figure(out, "training phase:", "activations") == pytest.approx(doc_activations(m, 4096, False), abs=0.051)
-    assert figure(out, "training phase:", "log-prob pass") == pytest.approx(doc_logprob(m, 4096), abs=0.051)
+    assert figure(out, "training phase:", "log-prob pass") == pytest.approx(doc_logprob(m, 4096, zero_stage=2), abs=0.051)
     assert "≤ 4096 tokens per micro-batch" in out
     # host: ZeRO-Offload's 16 B per parameter, the 8 ranks' partitions on the one node
     host = out.split("host memory per node:")[1].split("\n")[0]
@@ -248,10 +264,11 @@ def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
     monkeypatch.setattr(memory, "FIT_MARGIN", 0.5)
     out = plan(capsys, *LLAMA8, "placement=hybrid")
     assert "ZeRO-3 (auto: at ZeRO-2 the training phase needs" in out and "GB of 40 usable; ZeRO-3" in out
-    assert "optimizer offloaded (auto: Adam's state" in out  # 61 GB with Adam on the GPU: over 40
+    assert "optimizer offloaded (auto: Adam's state" in out  # 50 GB with Adam on the GPU: over 40
     assert "the generation phase 48 GB of 40 usable)" in out
     gpu = [l for l in out.splitlines() if l.startswith("✗ does not fit: the")]
-    assert [l.split(" needs")[0] for l in gpu] == ["✗ does not fit: the training phase", "✗ does not fit: the generation phase"]
+    # the training phase fits in 40 with the optimizer offloaded; vLLM's half of the GPU alone does not
+    assert [l.split(" needs")[0] for l in gpu] == ["✗ does not fit: the generation phase"]
     assert all("(50% usable)" in l for l in gpu)
     assert out.rstrip().endswith("✗ does not fit (see above)")
 
@@ -261,15 +278,74 @@ def test_the_doc_states_the_constants_the_code_uses():
     assert f"| {memory.CUDA_OVERHEAD_GB:g} GB | `CUDA_OVERHEAD_GB`" in text
     assert f"| {memory.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
     assert memory.ACT_BYTES_PER_LAYER == (20, 8, 4, 4) and "| 20·h + 8·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER`" in text
+    assert memory.ACT_BYTES_PER_LAYER_LIGER == (12, 6, 4, 4) and \
+        "| 12·h + 6·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER_LIGER`" in text
+    for name in ("ACT_BYTES_FINAL_NORM", "ACT_BYTES_FINAL_NORM_LIGER"):
+        assert f"| {getattr(memory, name)}·h | `{name}`" in text, name
     assert f"| {memory.FIT_MARGIN:g} | `FIT_MARGIN`" in text
     assert f"| {memory.HOST_FIT_MARGIN:g} | `HOST_FIT_MARGIN`" in text
     assert memory.LOGITS_CHUNK == 2**26 and "| 2²⁶ | `LOGITS_CHUNK`" in text
-    for name in ("CHUNK_BYTES_PER_LOGIT", "LOGPROB_BYTES_PER_LOGIT", "FORWARD_CHUNK_BYTES_PER_LOGIT",
-                 "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
+    assert memory.CUDA_LOGITS_CHUNK == 2**28 and "| 2²⁸ | `CUDA_LOGITS_CHUNK`" in text
+    for name in ("LINEAR_CHUNK_BYTES_PER_LOGIT", "HEAD_GRAD_BYTES", "CHUNK_BYTES_PER_LOGIT",
+                 "FORWARD_CHUNK_BYTES_PER_LOGIT", "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
         assert f"| {getattr(memory, name)} B | `{name}`" in text, name
     for name in ("HOST_PROCESS_GB", "HOST_VLLM_ENGINE_GB", "HOST_DRIVER_GB"):
         assert f"| {getattr(memory, name):g} GB | `{name}`" in text, name
     assert f"| {memory.ZERO_REDUCE_BUCKET:.0e} | `ZERO_REDUCE_BUCKET`".replace("e+0", "e") in text
+
+
+
+def test_the_plan_chunks_the_logits_as_the_code_does():
+    """rlhf.spec imports no torch, so the plan keeps its own copy of the log-prob chunk sizes."""
+    from rlhf.algos import logprobs
+
+    assert memory.LOGITS_CHUNK == logprobs.CHUNK_ELEMENTS
+    assert memory.CUDA_LOGITS_CHUNK == logprobs.CUDA_CHUNK_ELEMENTS
+    assert memory.logits_chunk("cuda") == logprobs.CUDA_CHUNK_ELEMENTS
+    assert memory.logits_chunk("cpu") == logprobs.CHUNK_ELEMENTS
+
+
+def _spec(m: dict, **kw) -> ModelSpec:
+    return ModelSpec(**{**{k: v for k, v in m.items() if k != "defaults"}, **kw})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_liger_kernels_keep_8h_plus_2i_less_per_layer_and_4h_less_in_the_final_norm(dtype, checkpointing):
+    """Liger's RMSNorm keeps its input instead of the fp32 upcast and the normalised copy (4h less
+    per norm, two per layer and the final one); its SwiGLU recomputes SiLU(gate) (2I less)."""
+    m = load("model", "qwen2.5-1.5b")
+    h, I, L, t = m["hidden"], m["intermediate"], m["n_layers"], 32768
+    scale = 2 / 2 if dtype == "bfloat16" else 4 / 2
+    on, off, auto = (_spec(m, dtype=dtype, gradient_checkpointing=checkpointing, liger_kernels=v)
+                     for v in (True, False, "auto"))
+    layers = 1 if checkpointing else L  # checkpointed: one layer's full activations at a time
+    want = ((8 * h + 2 * I) * layers * t + 4 * h * t) * scale / 1e9
+    assert memory.activations_gb(off, t) - memory.activations_gb(on, t) == pytest.approx(want, rel=1e-12)
+    assert memory.activations_gb(auto, t) == memory.activations_gb(off, t)  # unresolved: counted as off
+    # the reference's forward pass runs the same layers
+    assert memory.forward_pass_gb(off, t, 2**28) - memory.forward_pass_gb(on, t, 2**28) == \
+        pytest.approx((8 * h + 2 * I) * t * scale / 1e9, rel=1e-12)
+
+
+def test_the_log_prob_pass_stops_growing_at_one_chunk(capsys):
+    """Past one chunk of logits (2^28 on a GPU: 1,766 tokens of a 151,936 vocabulary) more tokens
+    per micro-batch add nothing to the log-prob pass: only the activations grow."""
+    m = load("model", "qwen2.5-1.5b")
+    V, h = m["vocab"], m["hidden"]
+    base = ("model=qwen2.5-1.5b", "hardware=1xh200", "model.liger_kernels=true", "train.zero_stage=2",
+            "train.offload_optimizer=false", "placement.offload_train_state=false",
+            "rollout.max_prompt_tokens=256", "rollout.max_response_tokens=256")
+    figures = {}
+    for t in (512, 4096, 32768, 65536):
+        out = plan(capsys, *base, f"train.max_tokens_per_micro_batch={t}")
+        figures[t] = figure(out, "training phase:", "log-prob pass")
+        assert figures[t] == pytest.approx((12 * min(t * V, 2**28) + 4 * V * h) / 1e9, abs=0.051), t
+    assert figures[512] < figures[4096] == figures[32768] == figures[65536]
+    # LoRA: the head is frozen, no weight gradient; on CPU the chunk is 2^26 logits
+    lora = _spec(m, lora=LoraSpec(rank=16))
+    assert memory.logprob_pass_gb(lora, 65536, 2**28, zero_stage=2) == pytest.approx(12 * 2**28 / 1e9, rel=1e-12)
+    assert memory.logprob_pass_gb(lora, 65536, 2**26, zero_stage=0) == pytest.approx(12 * 2**26 / 1e9, rel=1e-12)
 
 
 # ---- host memory (per node)
