@@ -93,7 +93,8 @@ def supervised_data(kind: str) -> list[str]:
     if not f.exists():
         subprocess.run([sys.executable, "-m", "rlhf.data.cli", "make", what, "--out", str(d), "--n", "64"], cwd=ROOT,
                        check=True)
-    return [f"data.train_files=[{f}]"]
+    # both files: the default eval set is the RL task's prompts, which a supervised run cannot read
+    return [f"data.train_files=[{f}]", f"data.eval_files=[{d / 'eval.jsonl'}]"]
 
 
 def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:

@@ -75,6 +75,16 @@ def split_to_count(groups: list[list[int]], n_tokens: Sequence[int], count: int)
     return out
 
 
+def largest_first(groups: list[list[int]], n_tokens: Sequence[int]) -> list[list[int]]:
+    """``groups`` reordered by their token count, largest first (ties keep their order).
+
+    Why: PyTorch's caching allocator reuses a freed block only for a tensor that fits in it. When a
+    micro-batch is even a few tokens longer than the one before, every activation tensor it saves
+    is too large for the blocks the previous one freed, and the allocator reserves new segments
+    on top of them; the largest first makes every later micro-batch fit the cached blocks."""
+    return sorted(groups, key=lambda g: -sum(n_tokens[r] for r in g))
+
+
 def pack(batch: Batch, rows: Sequence[int]) -> Packed:
     """The rows ``rows`` of a padded batch as one padding-free sequence (see the module doc).
     Every row needs at least one prompt token (the position that predicts the first response

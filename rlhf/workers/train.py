@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 
 from rlhf.data.batch import Batch, response_width, select, size
-from rlhf.data.packing import TOKEN_KEYS, pack, real_lengths, split_to_count, token_groups, unpack
+from rlhf.data.packing import TOKEN_KEYS, largest_first, pack, real_lengths, split_to_count, token_groups, unpack
 from rlhf.workers.base import Worker
 from rlhf.workers.sync_cuda import TrainStates, WeightSource, sender_for
 
@@ -157,7 +157,8 @@ class _Model(Worker):
     # -- the RL passes run padding-free (rlhf.data.packing): micro-batches of at most
     #    ``train.max_tokens_per_micro_batch`` real tokens, the same number on every rank
     def packed_micro_batches(self, batch: Batch) -> list[tuple[list[int], dict]]:
-        """``[(rows, packed)]`` covering the local batch's rows in order. Where the LM head is
+        """``[(rows, packed)]`` covering the local batch's rows, the micro-batch with the most tokens
+        first (``rlhf.data.packing.largest_first``). Where the LM head is
         partitioned (ZeRO-3, several ranks) each ``packed`` also holds ``head_rows``, the most head
         rows any rank has in that micro-batch (``rlhf.workers.zero3.equal_head_rows``), agreed here
         in one collective instead of one per head pass."""
@@ -166,7 +167,7 @@ class _Model(Worker):
         plen, rlen = real_lengths(batch)
         n = (plen + rlen).tolist()
         groups = token_groups(n, self.spec.train.max_tokens_per_micro_batch)
-        groups = split_to_count(groups, n, self._max_over_ranks(len(groups)))
+        groups = largest_first(split_to_count(groups, n, self._max_over_ranks(len(groups))), n)
         out = [(rows, pack(batch, rows)) for rows in groups]
         if padded_head(_hf_model(self._fn_module()).get_output_embeddings()):
             most = self._max_each_over_ranks([len((p if rows else self._stand_in(p))["targets"]) for rows, p in out])

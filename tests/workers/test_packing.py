@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from rlhf.data.batch import collate, response_slice, response_tokens
-from rlhf.data.packing import pack, split_to_count, token_groups, token_values, unpack
+from rlhf.data.packing import largest_first, pack, split_to_count, token_groups, token_values, unpack
 from rlhf.models.varlen import packed_kwargs, use_varlen, varlen_causal_attention
+
+
+def test_largest_first_orders_by_tokens_and_keeps_ties():
+    n = [3, 4, 2, 9, 1, 1]
+    # token counts 7, 2, 9, 2, 0: largest first, the two 2s in their order, the empty group last
+    assert largest_first([[0, 1], [2], [3], [4, 5], []], n) == [[3], [0, 1], [2], [4, 5], []]
 
 
 def test_token_groups_keep_order_and_budget():
