@@ -68,8 +68,9 @@ CELLS: dict[str, tuple[str, list[str]]] = {
 FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host memory per node):.*= ([0-9.]+) of ([0-9.]+)",
                     re.M)
 PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
-MEMORY_KEYS = ("memory/train_peak_reserved_gib", "memory/train_resident_gib", "memory/vllm_freed_gib",
-               "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
+# what the tensors held at most (reserved minus this is the caching allocator's own share)
+ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
+MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
 
 
 def say(msg: str) -> None:
@@ -179,6 +180,10 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> d
         measured = sum(peaks) * 2**30 / 1e9
         rec["train_measured_gb"] = round(measured, 2)
         rec["train_measured_over_plan"] = round(measured / train_gb, 3)
+        held = [rec[k] for k in ALLOCATED_KEYS if rec.get(k)]
+        if held:
+            rec["train_allocated_gb"] = round(sum(held) * 2**30 / 1e9, 2)
+            rec["train_allocated_over_plan"] = round(rec["train_allocated_gb"] / train_gb, 3)
         # the plan again at the largest micro-batch the run packed, the run's ZeRO and offload
         # pinned: the formulas' error apart from the margin of a token budget the prompts did not fill
         tokens = int(rec.get("micro_batch_tokens_max") or 0)

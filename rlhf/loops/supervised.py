@@ -209,6 +209,22 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
     return str(final / "hf")
 
 
+def memory_peaks(cluster: Any) -> dict[str, float]:
+    """The step's GPU memory peaks of the training processes (actor, and DPO's reference), the
+    largest over each role's ranks (``Worker.memory_peaks``); none on CPU."""
+    groups = [g for g in (cluster.actor, getattr(cluster, "reference", None)) if g is not None]
+    return largest_each([d for g in groups for d in g.call(PolicyWorker.memory_peaks)])
+
+
+def largest_each(dicts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per name, the largest value over the dicts that have it."""
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = max(out.get(k, v), v)
+    return out
+
+
 def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
@@ -348,6 +364,7 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
             units = order[k * G:(k + 1) * G]
             stats = add_sums(cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective))
             m = step_metrics(stats)
+            m.update(memory_peaks(cluster))
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)
             done = step + 1

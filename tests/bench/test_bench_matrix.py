@@ -61,3 +61,19 @@ def test_the_fix_the_matrix_runs_for_a_refused_cell_fits(tmp_path, capsys):
     assert fix and not any(f.startswith("hardware") for f in fix), fix
     assert cli.main(args + fix + ["--plan"]) == 0
     assert "✓ fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cell,keys", [("15b-sft", {"prompt", "response"}), ("15b-dpo", {"prompt", "chosen", "rejected"})])
+def test_supervised_cells_train_and_evaluate_on_their_own_data(tmp_path, monkeypatch, cell, keys):
+    """A supervised cell's run reads both data files the matrix gives it: the default eval set
+    is the RL task's prompts, which SFT/RM/DPO cannot read (the cells failed so on the GPU)."""
+    import bench.matrix as matrix
+
+    monkeypatch.setattr(matrix, "RUNS", tmp_path)
+    _, overrides = CELLS[cell]
+    args = matrix.supervised_data(overrides[0].split("=")[1])
+    files = {a.split("=", 1)[0]: a.split("=", 1)[1].strip("[]") for a in args}
+    assert set(files) == {"data.train_files", "data.eval_files"}
+    for f in files.values():
+        row = json.loads(open(f).readline())
+        assert keys <= set(row), (f, row)

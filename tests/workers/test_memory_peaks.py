@@ -1,0 +1,74 @@
+"""The training processes' memory figures: names, units, the counters' restart, and the supervised
+loop's largest-over-ranks reduction. CUDA's allocator counters are stood in for (CPU machine)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf.loops.supervised import largest_each
+from rlhf.workers.train import PolicyWorker, ReferenceWorker
+
+GIB = 2**30
+
+
+class FakeCuda:
+    def __init__(self):
+        self.reserved, self.allocated, self.resets, self.emptied = 12 * GIB, 9 * GIB, 0, 0
+
+    def max_memory_reserved(self):
+        return self.reserved
+
+    def max_memory_allocated(self):
+        return self.allocated
+
+    def memory_reserved(self):
+        return 4 * GIB if self.emptied else self.reserved
+
+    def reset_peak_memory_stats(self):
+        self.resets += 1
+        self.reserved, self.allocated = 4 * GIB, 3 * GIB
+
+    def empty_cache(self):
+        self.emptied += 1
+
+    def synchronize(self):
+        pass
+
+
+def bare(cls, device: str, role: str):
+    w = object.__new__(cls)  # no __init__: only the attributes these methods read
+    w.device, w.role = device, role
+    return w
+
+
+def test_memory_peaks_names_units_and_restart(monkeypatch):
+    fake = FakeCuda()
+    monkeypatch.setattr(torch, "cuda", fake)
+    actor = bare(PolicyWorker, "cuda", "actor")
+    assert actor.memory_peaks() == {"memory/train_peak_reserved_gib": 12.0, "memory/train_peak_allocated_gib": 9.0}
+    assert fake.resets == 1
+    # the next call sees only what happened since: the counters restarted
+    assert actor.memory_peaks() == {"memory/train_peak_reserved_gib": 4.0, "memory/train_peak_allocated_gib": 3.0}
+    ref = bare(ReferenceWorker, "cuda", "reference")
+    fake.reserved, fake.allocated = 6 * GIB, 5 * GIB
+    assert set(ref.memory_peaks()) == {"memory/reference_peak_reserved_gib", "memory/reference_peak_allocated_gib"}
+
+
+def test_release_cuda_cache_reads_peaks_before_emptying(monkeypatch):
+    fake = FakeCuda()
+    monkeypatch.setattr(torch, "cuda", fake)
+    out = bare(PolicyWorker, "cuda", "actor").release_cuda_cache()
+    assert out == {"memory/train_peak_reserved_gib": 12.0, "memory/train_peak_allocated_gib": 9.0,
+                   "memory/train_resident_gib": 4.0}
+    assert fake.emptied == 1 and fake.resets == 1
+
+
+def test_no_figures_off_cuda():
+    w = bare(PolicyWorker, "cpu", "actor")
+    assert w.memory_peaks() == {} and w.release_cuda_cache() == {}
+
+
+def test_largest_each_takes_the_max_per_name():
+    ranks = [{"a": 1.0, "b": 7.0}, {"a": 3.0}, {}, {"b": 2.0, "c": 0.5}]
+    assert largest_each(ranks) == {"a": 3.0, "b": 7.0, "c": 0.5}
+    assert largest_each([]) == {}
