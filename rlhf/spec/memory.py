@@ -27,6 +27,16 @@ CUDA_OVERHEAD_GB = 2.0
 VLLM_ASLEEP_GB = 1.0
 # Plans above this share of device memory are reported as not fitting.
 FIT_MARGIN = 0.95
+# What PyTorch's caching allocator and DeepSpeed reserve beyond the tensors listed, as a share of
+# them (block rounding, DeepSpeed's small buffers). Measured on an H200 at Qwen2.5-1.5B, 32,768-token
+# micro-batches, everything resident: the actor process's typical reserved peak 111.5 GB against its
+# 106.5 GB of listed parts (+4.7 %), of which 2.5 GB already in the resident states (28.2 GB against
+# 25.7 GB). Steps whose reserved peak went far higher (up to 146.7 GB) did so while the device had
+# room: the allocator takes new segments before reusing freed ones of the wrong size, and releases
+# them when memory runs short; the allocated peaks (now logged) tell those apart (docs/memory.md).
+ALLOCATOR_SLACK = 0.05
+# parts that are not the training processes' tensors: no slack on them
+NO_SLACK = ("runtime", "vLLM asleep", "vLLM (awake)", "vLLM weights", "vLLM KV cache + activations")
 # Bytes a Qwen2/Llama decoder layer keeps per token for the backward pass at 16 bits, as
 # a·h + b·I + c·kv + d·heads (kv = h/H·K), with HF's own layers: two RMSNorms at 8h each (the fp32
 # upcast 4h, the normalised bf16 2h, the scaled output 2h); attention 4h + 4·kv + 4·heads (q and the
@@ -378,9 +388,21 @@ def estimate(spec: RunSpec) -> Estimate:
                                      **runtime}
         if rollout:
             est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
-    if cuda and hw.host_memory_gb > 0:
-        est.host = host_gb(spec)
+    if cuda:
+        est.figures = {name: with_slack(parts) for name, parts in est.figures.items()}
+        if hw.host_memory_gb > 0:
+            est.host = host_gb(spec)
     return est
+
+
+def with_slack(parts: dict[str, float]) -> dict[str, float]:
+    """``parts`` with "allocator slack" (ALLOCATOR_SLACK of the training processes' tensors)
+    before the runtime and vLLM parts."""
+    tensors = {k: v for k, v in parts.items() if k not in NO_SLACK}
+    if not tensors:
+        return dict(parts)
+    rest = {k: v for k, v in parts.items() if k in NO_SLACK}
+    return {**tensors, "allocator slack": ALLOCATOR_SLACK * sum(tensors.values()), **rest}
 
 
 # ----------------------------------------------------------------------------- host memory
@@ -482,10 +504,13 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or name == "reward":
         sharded += b * p_value
-    fixed = sum(v for k, v in est.figures[name].items()
-                if not k.endswith(("weights", "grads", "optimizer", "optimizer step")))
-    room = capacity(spec, name) - fixed
-    return math.ceil(sharded / GB / room) if room > 0 else 0
+    parts = est.figures[name]
+    fixed = sum(v for k, v in parts.items()
+                if not k.endswith(("weights", "grads", "optimizer", "optimizer step")) and k != "allocator slack")
+    # the slack grows with the sharded states too: room for (1 + slack) times them
+    slack = ALLOCATOR_SLACK if "allocator slack" in parts else 0.0
+    room = capacity(spec, name) - fixed - slack * (fixed - sum(parts.get(k, 0.0) for k in NO_SLACK))
+    return math.ceil(sharded * (1 + slack) / GB / room) if room > 0 else 0
 
 
 def min_tensor_parallel(spec: RunSpec) -> int:
