@@ -211,7 +211,7 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
 
 def memory_peaks(cluster: Any) -> dict[str, float]:
     """The step's GPU memory peaks of the training processes (actor, and DPO's reference), the
-    largest over each role's ranks (``Worker.memory_peaks``); none on CPU."""
+    largest over each role's ranks (``Worker.memory_peaks``)."""
     groups = [g for g in (cluster.actor, getattr(cluster, "reference", None)) if g is not None]
     return largest_each([d for g in groups for d in g.call(PolicyWorker.memory_peaks)])
 
@@ -364,7 +364,8 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
             units = order[k * G:(k + 1) * G]
             stats = add_sums(cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective))
             m = step_metrics(stats)
-            m.update(memory_peaks(cluster))
+            if spec.hardware.accelerator == "cuda":  # the allocator's figures exist only there
+                m.update(memory_peaks(cluster))
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)
             done = step + 1
