@@ -38,11 +38,10 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     pairs, eval_pairs, counts, steps_per_epoch = sup.start_pairs(spec, prepared, tracker)
     B = spec.batch
     mb_of = sup.pair_collator(prepared, algo.packing)
-    head_compiled = bool(spec.train.compile_logprobs)  # the LM head's chunk passes (train.compile_logprobs)
 
     def logps(group, ps) -> torch.Tensor:
         """[n, 2]: summed response log-probs of (chosen, rejected) of every pair."""
-        pieces = sup.gather_eval(group, len(ps), lambda u: mb_of(ps, u), SequenceLogps(head_compiled),
+        pieces = sup.gather_eval(group, len(ps), lambda u: mb_of(ps, u), SequenceLogps(),
                                  B.micro_batch_size)
         return sup.per_unit(pieces, len(ps), per=2)
 
@@ -90,7 +89,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
                 "train/lr": st["lr"]}
 
     objective = DPOObjective(beta=algo.beta, loss_type=algo.loss_type, label_smoothing=algo.label_smoothing,
-                             reference_free=algo.reference_free, compile=head_compiled)
+                             reference_free=algo.reference_free)
     before, after, n_steps = sup.train_epochs(
         spec, cluster, tracker, console, run_dir, n_units=len(pairs), steps_per_epoch=steps_per_epoch,
         shards_of=shards_of, objective=objective, step_metrics=step_metrics, evaluate=evaluate)

@@ -1,9 +1,11 @@
-"""The losses of the supervised loops (SFT, reward model, DPO) as ``fn(model, micro_batch)``.
+"""The losses of the supervised loops (SFT, reward model, DPO) as ``fn(model, micro_batch, compile=...)``.
 
-A training worker calls ``loss, stats = fn(model, mb)`` on each micro-batch and backpropagates
-``loss``; for evaluation it calls the same function under ``torch.no_grad``. ``model`` is the HF
-module (a DeepSpeed engine's ``.module`` is fine, including ZeRO-3: only the module's own
-forwards are called). The functions are plain picklable objects so they travel to Ray actors.
+A training worker calls ``loss, stats = fn(model, mb, compile=...)`` on each micro-batch and
+backpropagates ``loss``; for evaluation it calls the same function under ``torch.no_grad``.
+``model`` is the HF module (a DeepSpeed engine's ``.module`` is fine, including ZeRO-3: only the
+module's own forwards are called). ``compile`` is the worker's ``train.compile_logprobs`` (the LM
+head's chunk passes through torch.compile); it comes with the call so that the driver builds the
+objectives without it. The functions are plain picklable objects so they travel to Ray actors.
 
 Normalisation: each micro-batch carries ``loss_scale`` (a float tensor) that the driver set so that
 summing ``loss`` over every micro-batch of every rank gives the global-batch mean (tokens for SFT,
@@ -101,10 +103,8 @@ class SFTObjective:
     ``nll_sum = -Σ_{trained t} log p(x_t | x_<t)`` (``rlhf.algos.preference.sft_loss``, computed
     from the hidden states at the trained positions only, see ``token_logps``)."""
 
-    compile: bool = False  # train.compile_logprobs: the LM head's chunk passes through torch.compile
-
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
-        nll = -token_logps(model, mb, compile=self.compile).sum()  # over loss_mask, position 0 left out
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> tuple[torch.Tensor, Stats]:
+        nll = -token_logps(model, mb, compile=compile).sum()  # over loss_mask, position 0 left out
         loss = nll * mb["loss_scale"].to(nll.dtype)
         return loss, {"nll_sum": nll.detach(), "tokens": (mb["loss_mask"][:, 1:] != 0).sum()}
 
@@ -128,7 +128,8 @@ class RMObjective:
 
     margin: Optional[float] = None
 
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> tuple[torch.Tensor, Stats]:
+        # ``compile`` is for LM heads; a score head is one small matmul
         s = sequence_scores(model, mb)
         chosen, rejected = s[0::2], s[1::2]
         m = None if self.margin is None else torch.full_like(chosen, float(self.margin))
@@ -147,10 +148,8 @@ class RMObjective:
 class SequenceLogps:
     """Summed response log-probs per sequence (for the frozen reference): ``fn(model, mb) -> [n]``."""
 
-    compile: bool = False
-
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return sequence_logps(token_logps(model, mb, _response(mb), self.compile), mb, _n_seqs(mb)).float()
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> torch.Tensor:
+        return sequence_logps(token_logps(model, mb, _response(mb), compile), mb, _n_seqs(mb)).float()
 
 
 @dataclass
@@ -162,10 +161,9 @@ class DPOObjective:
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     reference_free: bool = False
-    compile: bool = False
 
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
-        logp = sequence_logps(token_logps(model, mb, _response(mb), self.compile), mb, _n_seqs(mb))
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> tuple[torch.Tensor, Stats]:
+        logp = sequence_logps(token_logps(model, mb, _response(mb), compile), mb, _n_seqs(mb))
         ref = mb.get("ref_logp")
         ref_c = None if ref is None else ref[0::2]
         ref_r = None if ref is None else ref[1::2]
@@ -191,10 +189,8 @@ class DPOObjective:
 class SFTRowNLL:
     """Per row: (summed NLL of its trained tokens, number of trained tokens) → ``[B, 2]``."""
 
-    compile: bool = False
-
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        lp = token_logps(model, mb, compile=self.compile)
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> torch.Tensor:
+        lp = token_logps(model, mb, compile=compile)
         m = mb["loss_mask"].to(lp.dtype)
         m[:, 0] = 0
         return torch.stack([-(lp * m).sum(-1), m.sum(-1)], dim=-1).float()
@@ -204,5 +200,5 @@ class SFTRowNLL:
 class SequenceScores:
     """A reward model's score of every sequence, ``[n_seqs]``."""
 
-    def __call__(self, model: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> torch.Tensor:
         return sequence_scores(model, mb)

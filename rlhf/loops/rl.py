@@ -147,6 +147,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
     # the starting policy's evaluation, logged with the first step's metrics as eval_before/...
     before = ({f"eval_before/{k[5:]}": v for k, v in evaluator.run().items()}
               if evaluator is not None and spec.eval.before_training and start == 0 else {})
+    before.update(schedule.weights.setup_metrics)  # the weight sync's setup, once: with this process's first step
     _keep_metrics_before(Path(run_dir) / "metrics.jsonl", start)
     from rlhf.track import MetricsFile
 

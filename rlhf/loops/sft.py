@@ -43,11 +43,10 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     steps_per_epoch = sup.check_enough(len(rows), spec, "rows" if spec.algo.packing else "examples")
     pad = tok.pad_token_id
     B = spec.batch
-    head_compiled = bool(spec.train.compile_logprobs)  # the LM head's chunk passes (train.compile_logprobs)
 
     def evaluate() -> dict[str, float]:
         pieces = sup.gather_eval(cluster.actor, len(eval_rows), lambda u: collate([eval_rows[i] for i in u], pad),
-                                 SFTRowNLL(head_compiled), B.micro_batch_size)
+                                 SFTRowNLL(), B.micro_batch_size)
         per = sup.per_unit(pieces, len(eval_rows), per=2)
         nll, tokens = float(per[:, 0].sum()), float(per[:, 1].sum())
         loss = nll / max(tokens, 1.0)
@@ -66,7 +65,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
 
     before, after, n_steps = sup.train_epochs(
         spec, cluster, tracker, console, run_dir, n_units=len(rows), steps_per_epoch=steps_per_epoch,
-        shards_of=shards_of, objective=SFTObjective(head_compiled), step_metrics=step_metrics, evaluate=evaluate)
+        shards_of=shards_of, objective=SFTObjective(), step_metrics=step_metrics, evaluate=evaluate)
     summary = {
         "eval/loss_before": before["eval/loss"],
         "eval/loss_after": after["eval/loss"],

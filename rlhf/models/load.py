@@ -201,23 +201,22 @@ def apply_liger(model, required: bool = True) -> bool:
     the package, runs without; returns whether the kernels were applied."""
     import inspect
 
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except ImportError:
-        if not required:
-            log.info("model.liger_kernels=auto: the liger-kernel package cannot be imported here; running without")
-            return False
-        raise UserError("model.liger_kernels=true needs the liger-kernel package (pip install liger-kernel). "
-                        "Install it or use model.liger_kernels=false.") from None
+    from rlhf.spec.auto import LIGER_NOT_INSTALLED, liger_coverage
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     model_type = getattr(base.config, "model_type", None)
-    fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
-    if fn is None:
+    covered, why = liger_coverage(model_type)
+    if not covered:
         if not required:
-            log.info("model.liger_kernels=auto: Liger has no kernels for model_type=%r; running without", model_type)
+            log.info("model.liger_kernels=auto: %s; running without", why)
             return False
-        raise UserError(f"model.liger_kernels=true: Liger has no kernels for model_type={model_type!r}. "
-                        "Use model.liger_kernels=false.")
+        if why == LIGER_NOT_INSTALLED:
+            raise UserError("model.liger_kernels=true needs the liger-kernel package (pip install liger-kernel). "
+                            "Install it or use model.liger_kernels=false.")
+        raise UserError(f"model.liger_kernels=true: {why}. Use model.liger_kernels=false.")
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    fn = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
     want = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
             "fused_linear_cross_entropy": False, "model": base}
     params = inspect.signature(fn).parameters

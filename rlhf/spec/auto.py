@@ -24,6 +24,7 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
 from __future__ import annotations
 
 import importlib.util
+from typing import Optional
 
 from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
@@ -73,14 +74,27 @@ def _liger(spec: RunSpec) -> tuple[bool, str]:
     if spec.hardware.accelerator != "cuda":
         return False, ""  # Triton kernels: nothing to decide, nothing for the plan to say
     if importlib.util.find_spec("liger_kernel") is None:
-        return False, "the liger-kernel package is not installed"
+        return False, LIGER_NOT_INSTALLED
     kind = model_type(spec.model.path, spec.model.revision)
     if kind is None:
         return True, ("the liger-kernel package is installed; the model_type is not known before the download "
                       "(a type Liger does not cover runs without)")
-    try:  # imported only here: it brings torch and Triton into the driver
+    return liger_coverage(kind)
+
+
+LIGER_NOT_INSTALLED = "the liger-kernel package is not installed"
+
+
+def liger_coverage(kind: Optional[str]) -> tuple[bool, str]:
+    """Whether Liger's kernels apply to a model of transformers ``model_type`` ``kind`` in this
+    process (the package imports and its table lists the type), and why, as a phrase. The driver's
+    auto choice and the worker that applies the kernels (``rlhf.models.load.apply_liger``) both ask
+    here. Imports the package, and torch and Triton with it, unless it is not installed."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return False, LIGER_NOT_INSTALLED
+    try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except Exception as e:  # noqa: BLE001 - a broken install: the workers could not use it either
+    except Exception as e:  # noqa: BLE001 - a broken install (a missing or mismatched dependency)
         return False, f"the liger-kernel package cannot be imported ({type(e).__name__})"
     if kind in MODEL_TYPE_TO_APPLY_LIGER_FN:
         return True, f"Liger has kernels for model_type={kind!r}"

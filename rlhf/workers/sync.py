@@ -1,7 +1,8 @@
 """Weight sync from the trained policy to the rollout engines, after each update.
 
 A transport has one method, ``send() -> metrics``, called by ``rlhf.workers.schedule`` between
-the update and the next generation; ``make_transport`` picks it from the spec:
+the update and the next generation, and ``setup_metrics``, the figures of its one-time setup (the RL
+loop logs them with the first step's metrics); ``make_transport`` picks it from the spec:
 
 * ``object_store`` (CPU, and any placement): the actor's rank 0 gathers the full state dict
   (ZeRO-3 included) and returns it as a Ray object; every rollout worker loads that same object,
@@ -24,6 +25,7 @@ class ObjectStoreTransport:
     def __init__(self, actor_group, rollout_group):
         self.actor = actor_group
         self.rollout = rollout_group
+        self.setup_metrics: dict[str, float] = {}  # nothing to set up
 
     def send(self) -> dict[str, float]:
         import ray
@@ -57,7 +59,9 @@ class CudaTransport:
         self.actor = cluster.actor
         self.engines = list(cluster.rollout.workers)
         self.bucket_mb = bucket_mb
-        ray.get(self.actor.call_async(PolicyWorker.gpu_sync_setup, self.engines))
+        seconds = ray.get(self.actor.call_async(PolicyWorker.gpu_sync_setup, self.engines))
+        # the ranks set up at once, so the slowest is the wait (NCCL: rank 0 builds the group; IPC: none)
+        self.setup_metrics = {"sync/setup_seconds": max(seconds)}
 
     def send(self) -> dict[str, float]:
         """Every actor rank sends (ZeRO-3 gathers are collective); rank 0's figures, as ``sync/*``."""

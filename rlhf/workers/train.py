@@ -270,10 +270,14 @@ class _Model(Worker):
         set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))
 
     # -- supervised loops (rlhf.loops.sft / rm / dpo): the loss comes with the call, as
-    #    ``fn(model, micro_batch)`` (see rlhf.loops.objectives); micro-batches are made by the driver.
+    #    ``fn(model, micro_batch, compile=...)`` (see rlhf.loops.objectives); micro-batches are made by the driver.
     def _fn_module(self):
         engine = getattr(self, "engine", None) or self.module
         return getattr(engine, "module", engine)
+
+    def _run_fn(self, fn, module, mb: dict):
+        """``fn(module, mb)`` on this worker's device, with the settings that come from the spec here."""
+        return fn(module, _to(mb, self.torch_device()), compile=self.spec.train.compile_logprobs)
 
     @torch.no_grad()
     def apply(self, micro_batches: list, fn) -> list:
@@ -282,7 +286,7 @@ class _Model(Worker):
         module = self._fn_module()
         was_training = module.training
         module.eval()
-        out = [fn(module, _to(mb, self.torch_device())) for mb in micro_batches]
+        out = [self._run_fn(fn, module, mb) for mb in micro_batches]
         module.train(was_training)
         # to the CPU after the last micro-batch: a copy per micro-batch would make the host wait for each
         return [tuple(_cpu(x) for x in r) if isinstance(r, tuple) else _cpu(r) for r in out]
@@ -435,7 +439,7 @@ class PolicyWorker(TrainedWorker):
         stats = _StatSums()  # the objectives' tensors summed on the device, read once after the loop
         self.last_grad_norm = None
         for mb in micro_batches:
-            loss, mb_stats = objective(module, _to(mb, self.torch_device()))
+            loss, mb_stats = self._run_fn(objective, module, mb)
             self.engine.backward(loss, scale_wrt_gas=False)
             self._step()
             stats.add_sums(mb_stats)

@@ -341,3 +341,23 @@ def test_the_padding_free_pass_reads_nothing_back_from_the_device(keymap_tok):
             assert _host_reads(lambda: O.backbone_hidden(varlen, mb)) == []
             moved = _to(mb, "cpu")
             assert moved["max_len"] == mb["max_len"] and type(moved["max_len"]) is int
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_workers_hand_the_objectives_their_spec_compile_flag(flag):
+    """The objectives are built in the driver without ``train.compile_logprobs``; the worker that runs
+    them passes its own spec's value with every call (evaluation and training share ``_run_fn``)."""
+    from rlhf.workers.train import PolicyWorker
+
+    worker = PolicyWorker.__new__(PolicyWorker)  # the method under test, without Ray or DeepSpeed
+    worker.module, worker.device = torch.nn.Linear(2, 2).train(), "cpu"
+    worker.spec = SimpleNamespace(train=SimpleNamespace(compile_logprobs=flag))
+    seen = []
+
+    def fn(model, mb, compile=None):
+        seen.append((model.training, compile))
+        return mb["x"] * 2
+
+    out = worker.apply([{"x": torch.ones(1)}, {"x": torch.zeros(1)}], fn)
+    assert seen == [(False, flag), (False, flag)] and worker.module.training
+    assert [float(o) for o in out] == [2.0, 0.0]

@@ -56,15 +56,40 @@ def test_optimizer_step_time_is_split_from_the_passes(grpo_hybrid):
         assert opt < flops / whole <= r["time/update"], (flops / whole, r)
 
 
-def test_grad_norm_is_the_steps_own_under_zero2(grpo_hybrid, tmp_path):
+@pytest.fixture(scope="module")
+def zero2_run(rl_env, tmp_path_factory):
+    """Two GRPO steps under ZeRO-2. Its weight transport (the object store, which sets nothing up)
+    reports a stand-in setup figure, as the GPU transport reports its seconds."""
+    import rlhf.workers.schedule as schedule
+
+    make_transport = schedule.make_transport
+
+    def with_setup_figure(spec, cluster):
+        transport = make_transport(spec, cluster)
+        transport.setup_metrics = {"sync/setup_seconds": 0.25}
+        return transport
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(schedule, "make_transport", with_setup_figure)
+        code, rows = run_rl(GRPO + ["train.steps=2", "train.zero_stage=2"], tmp_path_factory.mktemp("outputs") / "z2")
+    return {"code": code, "rows": rows}
+
+
+def test_grad_norm_is_the_steps_own_under_zero2(grpo_hybrid, zero2_run):
     """DeepSpeed's ZeRO optimizers compute the gradient norm while stepping: read after the step it
     is this step's (before, it was the previous one's). Same seeds as the ZeRO-0 run, whose norm is
     summed from the gradients themselves: the same figures."""
-    code, rows = run_rl(GRPO + ["train.steps=2", "train.zero_stage=2"], tmp_path / "z2")
+    code, rows = zero2_run["code"], zero2_run["rows"]
     assert code == 0
     for step in range(2):
         want, got = grpo_hybrid["rows"][step]["actor/grad_norm"], rows[step]["actor/grad_norm"]
         assert want > 0 and math.isclose(got, want, rel_tol=1e-3), (step, got, want)
+
+
+def test_the_weight_syncs_setup_figure_is_logged_once(zero2_run):
+    """The transport's one-time figures come with the first step's metrics only."""
+    assert zero2_run["code"] == 0
+    assert [r.get("sync/setup_seconds") for r in zero2_run["rows"]] == [0.25, None]
 
 
 def _same_metrics(a: list[dict], b: list[dict], n: int) -> None:

@@ -120,16 +120,9 @@ def test_explicit_values_are_kept_and_checked():
 
 
 def test_uncovered_model_type(monkeypatch):
-    import sys
-    import types
-
     from rlhf.models.load import apply_liger
 
-    fake = types.ModuleType("liger_kernel.transformers.monkey_patch")
-    fake.MODEL_TYPE_TO_APPLY_LIGER_FN = {}
-    for name in ("liger_kernel", "liger_kernel.transformers"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    _fake_liger(monkeypatch, [])
     model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="tiny-word"))
     assert apply_liger(model, required=False) is False
     with pytest.raises(UserError, match="no kernels for model_type='tiny-word'"):
@@ -153,3 +146,31 @@ def test_cuda_only_settings_are_refused_on_cpu(key, fix):
         _spec([f"{key}=true"])
     assert f"{key}=true needs a CUDA GPU, but hardware=cpu has none. Use {key}={fix}." in str(info.value)
     assert getattr(_spec([*GPU, f"{key}=true"]).train, key.split(".")[1]) is True  # a GPU run takes them
+
+
+def test_liger_coverage_is_one_answer_for_the_driver_and_the_workers(monkeypatch):
+    """``liger_coverage``: not installed, installed but failing to import, a type covered, one not."""
+    from rlhf.spec.auto import LIGER_NOT_INSTALLED, liger_coverage
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # as when it is not installed
+    assert liger_coverage("llama") == (False, LIGER_NOT_INSTALLED)
+    assert LIGER_NOT_INSTALLED == "the liger-kernel package is not installed"
+
+    class Broken:  # finds liger_kernel, whose import then fails as with a missing or mismatched Triton
+        @staticmethod
+        def find_spec(name, *a):
+            if name.startswith("liger_kernel"):
+                raise ImportError("cannot import name 'language' from 'triton'")
+
+    monkeypatch.delitem(sys.modules, "liger_kernel")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    assert liger_coverage("llama") == (False, "the liger-kernel package cannot be imported (ImportError)")
+    monkeypatch.setattr(sys, "meta_path", sys.meta_path[1:])
+
+    _fake_liger(monkeypatch, ["qwen2"])
+    assert liger_coverage("qwen2") == (True, "Liger has kernels for model_type='qwen2'")
+    assert liger_coverage("gpt_neox") == (False, "Liger has no kernels for model_type='gpt_neox'")
+    assert liger_coverage(None) == (False, "Liger has no kernels for model_type=None")

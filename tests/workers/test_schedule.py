@@ -29,6 +29,8 @@ class _Handle:
         self.log.append((self.role, method, args) if self.rank == 0 else None)
         if method == "engine_wake":
             return 0.1 * (self.rank + 1)
+        if method == "gpu_sync_setup":
+            return 1.5 if self.rank == 0 else 0.0  # rank 0 builds the NCCL group; the others wait for nothing
         if method == "gpu_sync_send":
             return {"sync_seconds": 2.0, "sync_bytes": 8.0} if self.rank == 0 else None
         if method == "full_state_dict":
@@ -59,14 +61,15 @@ def run(monkeypatch):
         to_train = [c for c in log if c]
         log.clear()
         gen = schedule.to_generate()
-        return start, to_train, [c for c in log if c], train, gen
+        return start, to_train, [c for c in log if c], train, gen, schedule.weights.setup_metrics
 
     return run
 
 
 def test_hybrid_gpu_moves_memory_around_the_send_in_order(run):
-    start, to_train, to_generate, train, gen = run()
+    start, to_train, to_generate, train, gen, setup = run()
     assert [m for _, m, _ in start] == ["gpu_sync_setup", "offload_train_states", "offload_train_states"]
+    assert setup == {"sync/setup_seconds": 1.5}  # the slowest rank's: the ranks set up at once
     assert to_train == [("rollout", "engine_sleep", (2,)), ("actor", "reload_train_states", ()),
                         ("critic", "reload_train_states", ())]
     assert to_generate == [
@@ -86,7 +89,7 @@ def test_hybrid_gpu_moves_memory_around_the_send_in_order(run):
 
 
 def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
-    start, to_train, to_generate, _, _ = run(offload=False, critic=False)
+    start, to_train, to_generate, _, _, _ = run(offload=False, critic=False)
     assert [m for _, m, _ in start] == ["gpu_sync_setup"]
     assert to_train == [("rollout", "engine_sleep", (2,))]
     assert [(r, m) for r, m, _ in to_generate] == [
@@ -96,8 +99,9 @@ def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
 
 @pytest.mark.parametrize("device,mode", [("cuda", "disaggregated"), ("cpu", "hybrid"), ("cpu", "disaggregated")])
 def test_elsewhere_only_the_weights_move(run, device, mode):
-    start, to_train, to_generate, train, gen = run(device=device, mode=mode)
+    start, to_train, to_generate, train, gen, setup = run(device=device, mode=mode)
     assert to_train == [] and train == {}
+    assert setup == ({"sync/setup_seconds": 1.5} if device == "cuda" else {})  # the object store sets up nothing
     send = ["gpu_sync_send"] if device == "cuda" else ["full_state_dict", "load_weights"]
     assert [m for _, m, _ in to_generate] == send
     assert [m for _, m, _ in start] == (["gpu_sync_setup"] if device == "cuda" else [])
