@@ -128,4 +128,13 @@ def packed_kwargs(packed: dict, device) -> dict:
     cu = packed["cu_seqlens"].to(device=device, dtype=torch.int32)
     n = int(packed["max_len"])
     return {"input_ids": packed["input_ids"].to(device), "position_ids": packed["position_ids"].to(device),
-            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n, "use_cache": False}
+            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n, "use_cache": False,
+            "attention_mask": no_mask(device)}
+
+
+def no_mask(device) -> torch.Tensor:
+    """An empty 4D tensor as a packed call's attention mask. Why: given no mask, transformers looks
+    for packed sequences in the position ids (``find_packed_sequence_indices``), which reads a value
+    back from the device, a host sync in every forward; a 4D mask counts as prepared and is passed
+    through untouched. ``rlhf_varlen`` masks with ``cu_seq_lens`` and ignores it."""
+    return torch.empty((1, 1, 0, 0), dtype=torch.bool, device=device)

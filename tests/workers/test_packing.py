@@ -104,6 +104,24 @@ def test_packed_forward_equals_padded_forward():
         torch.testing.assert_close(_packed_logprobs(model, b), ref, rtol=0, atol=1e-10)
 
 
+def test_packed_forward_reads_nothing_back_from_the_device(monkeypatch):
+    """transformers looks for packed sequences in the position ids (a host sync per forward) only
+    when a call has no mask: packed calls give it one it passes through, and the result is the
+    padded pass's."""
+    import transformers.masking_utils as mu
+
+    def sync(*a, **k):
+        raise AssertionError("find_packed_sequence_indices ran: a device read in every packed forward")
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", sync)
+    b = _batch()
+    model = _tiny_llama().eval()
+    with torch.no_grad():
+        ref = _padded_logprobs(model, b)
+        use_varlen(model)
+        torch.testing.assert_close(_packed_logprobs(model, b), ref, rtol=0, atol=1e-10)
+
+
 def test_packed_gradients_with_gradient_checkpointing():
     """Layers recomputed in the backward pass (gradient checkpointing) attend packed again: the
     gradients equal those of the padded pass without checkpointing."""
