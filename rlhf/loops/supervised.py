@@ -210,10 +210,9 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
 
 
 def memory_peaks(cluster: Any) -> dict[str, float]:
-    """The step's GPU memory peaks of the training processes (actor, and DPO's reference), the
-    largest over each role's ranks (``Worker.memory_peaks``)."""
-    groups = [g for g in (cluster.actor, getattr(cluster, "reference", None)) if g is not None]
-    return largest_each([d for g in groups for d in g.call(PolicyWorker.memory_peaks)])
+    """The actor's GPU memory peaks since the last call, the largest over its ranks
+    (``Worker.memory_peaks``). (DPO's reference has done its passes and gone before training.)"""
+    return largest_each(cluster.actor.call(PolicyWorker.memory_peaks))
 
 
 def largest_each(dicts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -353,9 +352,12 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
+        cuda = spec.hardware.accelerator == "cuda"
         if before is None:
             before = evaluate()
             log.eval(0, before, "before training")
+        if cuda:  # a step's peaks are its own: the evaluation's are left out
+            memory_peaks(cluster)
         after = after or before
         orders: dict[int, list[int]] = {}
         for step in range(start, n_steps):
@@ -364,7 +366,7 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
             units = order[k * G:(k + 1) * G]
             stats = add_sums(cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective))
             m = step_metrics(stats)
-            if spec.hardware.accelerator == "cuda":  # the allocator's figures exist only there
+            if cuda:  # the allocator's figures exist only there
                 m.update(memory_peaks(cluster))
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)
@@ -372,6 +374,8 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
             if done % steps_per_epoch == 0:
                 after = evaluate()
                 log.eval(done, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
+                if cuda:
+                    memory_peaks(cluster)
             stopping = stop.requested and done < n_steps  # a signal came during this step
             if ckpt.due(done, n_steps) or (stopping and ckpt.last_saved != done):
                 state = {"step": done, "history": list(log.history), "before": before, "after": after}

@@ -95,8 +95,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 
 
 def _mask(**kwargs):
-    """Packed calls come without an attention mask: build none (cu_seq_lens do the masking);
-    padded calls get SDPA's mask."""
+    """Padded calls get SDPA's mask; a call without a mask gets none. (Packed calls bring an empty 4D
+    mask, ``no_mask``, which transformers passes through without asking for one.)"""
     if kwargs.get("attention_mask") is None:
         return None
     from transformers.masking_utils import sdpa_mask

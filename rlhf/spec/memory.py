@@ -504,6 +504,8 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or name == "reward":
         sharded += b * p_value
+    # the unsharded parts are the current stage's (at ZeRO-2 the whole head's log-prob pass and
+    # ZeRO-2's buffers, where ZeRO-3 would have its own): "about", as the docstring says
     parts = est.figures[name]
     fixed = sum(v for k, v in parts.items()
                 if not k.endswith(("weights", "grads", "optimizer", "optimizer step")) and k != "allocator slack")

@@ -63,3 +63,53 @@ def test_signal_finishes_the_step_checkpoints_it_and_stops(tmp_path, monkeypatch
     assert saved == [(3, 3)]  # one checkpoint, of step 3, though checkpoint.every=0
     assert signal.getsignal(signum) == before  # the loop's handler is gone again
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1 + 3  # eval before + 3 steps
+
+
+class _PeakActor:
+    """Two ranks; each train step raises rank 1's allocator peak, each evaluation raises it more."""
+
+    def __init__(self):
+        self.peak, self.steps = 0.0, 0
+
+    def scatter(self, method, shards, objective):
+        self.steps += 1
+        self.peak = max(self.peak, float(self.steps))
+        return [{"loss": 1.0, "n": 1.0}]
+
+    def call(self, method):
+        assert method.__name__ == "memory_peaks"
+        out = [{"memory/train_peak_reserved_gib": 0.5}, {"memory/train_peak_reserved_gib": self.peak}]
+        self.peak = 0.0  # the counters restart at every read
+        return out
+
+
+def test_supervised_steps_log_their_own_memory_peaks_on_cuda(tmp_path, monkeypatch):
+    """On CUDA every step logs the largest rank's peak since the step before; the evaluations'
+    passes (here: a peak of 100) are not counted in any step."""
+    import dataclasses
+    import json
+
+    from rlhf.cli import build_spec, compose
+    from rlhf.ckpt import training as ckpt_io
+    from rlhf.loops import supervised
+
+    overrides = ["algo=sft", "algo.epochs=2", "tracking=none", f"output_dir={tmp_path}"]
+    spec = build_spec(compose(overrides), overrides, plan=False)
+    spec = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, accelerator="cuda"))
+    monkeypatch.setattr(ckpt_io, "manager", lambda spec_, run_dir: _Manager())
+    monkeypatch.setattr(ckpt_io, "latest", lambda spec_, run_dir: None)
+    monkeypatch.setattr(ckpt_io, "save", lambda *a, **k: tmp_path / "ckpt")
+    actor = _PeakActor()
+
+    def evaluate():
+        actor.peak = 100.0
+        return {"eval/loss": 1.0}
+
+    console = SimpleNamespace(print=lambda *a, **k: None, step=lambda *a, **k: None)
+    supervised.train_epochs(spec, SimpleNamespace(actor=actor), SimpleNamespace(log=lambda *a, **k: None), console,
+                            str(tmp_path), n_units=8, steps_per_epoch=2, shards_of=lambda units: [units], objective=None,
+                            step_metrics=lambda stats: {"train/loss": 1.0}, evaluate=evaluate)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    peaks = [r["memory/train_peak_reserved_gib"] for r in rows if "train/loss" in r]
+    # step k's own peak is k; an evaluation's 100 would show in the step after it if it were counted
+    assert peaks == [float(k) for k in range(1, 2 * spec.algo.epochs + 1)]

@@ -54,7 +54,7 @@ def test_memory_peaks_names_units_and_restart(monkeypatch):
     assert set(ref.memory_peaks()) == {"memory/reference_peak_reserved_gib", "memory/reference_peak_allocated_gib"}
 
 
-def test_release_cuda_cache_reads_peaks_before_emptying(monkeypatch):
+def test_release_cuda_cache_reports_peaks_and_empties_the_cache(monkeypatch):
     fake = FakeCuda()
     monkeypatch.setattr(torch, "cuda", fake)
     out = bare(PolicyWorker, "cuda", "actor").release_cuda_cache()

@@ -133,3 +133,20 @@ def test_packed_gradients_with_gradient_checkpointing():
     _packed_logprobs(model, b).sum().backward()
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-10, msg=name)
+
+
+def test_a_workers_micro_batches_run_largest_first():
+    """``packed_micro_batches`` (every RL pass's micro-batches) cuts by the token budget, then runs
+    the largest first; every row is in exactly one of them."""
+    from types import SimpleNamespace
+
+    from rlhf.workers.train import PolicyWorker
+
+    b = _batch()  # rows of 8, 8, 8, 4 real tokens
+    w = object.__new__(PolicyWorker)  # no __init__: only what packed_micro_batches reads
+    w.spec = SimpleNamespace(train=SimpleNamespace(max_tokens_per_micro_batch=12))
+    w.world_size, w.module, w.engine = 1, _tiny_llama(), None
+    out = w.packed_micro_batches(b)
+    sizes = [int(p["input_ids"].shape[1]) for _, p in out]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1], sizes
+    assert sorted(r for rows, _ in out for r in rows) == [0, 1, 2, 3]

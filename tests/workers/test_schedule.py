@@ -30,12 +30,15 @@ class _Handle:
         if method == "engine_wake":
             return 0.1 * (self.rank + 1)
         if method == "gpu_sync_setup":
-            return 1.5 if self.rank == 0 else 0.0  # rank 0 builds the NCCL group; the others wait for nothing
+            return 0.5 if self.rank == 0 else 1.5  # the last rank is the slowest here: its figure is the wait
         if method == "gpu_sync_send":
             return {"sync_seconds": 2.0, "sync_bytes": 8.0} if self.rank == 0 else None
         if method == "full_state_dict":
             return "weights" if self.rank == 0 else None
-        if method in ("engine_sleep", "offload_train_states", "reload_train_states", "release_cuda_cache"):
+        if method == "release_cuda_cache":
+            return {f"memory/{self.role}_peak_reserved_gib": 10.0 + self.rank, f"memory/{self.role}_resident_gib":
+                    2.0 + self.rank}
+        if method in ("engine_sleep", "offload_train_states", "reload_train_states"):
             return {f"{method}/{self.role}": float(self.rank), "memory/shared": float(len(self.role))}
         return None
 
@@ -86,6 +89,9 @@ def test_hybrid_gpu_moves_memory_around_the_send_in_order(run):
     assert train["engine_sleep/rollout"] == 0.5 and train["memory/shared"] == len("actor")
     assert gen["time/wake_weights"] == pytest.approx(0.2) and gen["time/wake_kv_cache"] == pytest.approx(0.2)
     assert gen["sync/seconds"] == 2.0 and gen["sync/bytes"] == 8.0
+    # a memory peak is the largest rank's (a rank runs out on its own peak); other figures the mean
+    assert gen["memory/actor_peak_reserved_gib"] == 11.0 and gen["memory/reference_peak_reserved_gib"] == 11.0
+    assert gen["memory/actor_resident_gib"] == 2.5
 
 
 def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
