@@ -175,3 +175,31 @@ def test_evaluation_micro_batches_carry_the_agreed_head_rows(keymap_tok, zero3):
     for mbs in at_k:
         want = [max(len(mb["scored_index"]) for mb in mbs)] * 2 if zero3 else [None, None]
         assert [mb.get("head_rows") for mb in mbs] == want
+
+
+def test_a_worker_copies_its_micro_batches_to_the_device_without_waiting_for_it():
+    """A blocking copy from the host makes the host wait until the device has run everything
+    queued before it (PyTorch synchronises the stream after the copy): the workers' ``_to`` asks
+    for ``non_blocking`` copies (safe from pageable memory, which is staged before the call
+    returns). Checked on the meta device, where the copy's arguments show."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlhf.workers.train import _to
+
+    copies = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                copies.append((kwargs or {}).get("non_blocking"))
+            return func(*args, **(kwargs or {}))
+
+    row = S.Row()
+    row.add([5, 6, 7, 8], [0, 0, 1, 1], 0)
+    mb = S.collate([row], 0)
+    with Record():
+        moved = _to(mb, "meta")
+    tensors = [k for k, v in mb.items() if torch.is_tensor(v)]
+    assert copies == [True] * len(tensors) and all(moved[k].is_meta for k in tensors)
+    assert moved["max_len"] == mb["max_len"]
+
