@@ -28,7 +28,7 @@ import torch
 
 from rlhf.data.files import Records, check_messages, row_value
 from rlhf.data.sft import (Row, TruncationReport, first_fit, keep_within, padding_free_index, prompt_ids,
-                           response_ids, truncation_policy)
+                           response_ids, scored_index, truncation_policy)
 from rlhf.spec.schema import DataSpec
 from rlhf.spec.errors import UserError
 
@@ -109,8 +109,9 @@ def build_pairs(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, w
 def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max_length: int = 0) -> dict[str, Any]:
     """Tensors for m pairs: input_ids, loss_mask (response tokens), position_ids, seg (example
     number within its row, -1 padding), seq (sequence number 0..2m-1, -1 padding), ``last``
-    [2m, 2] = (row, position) of each sequence's last token, and the real tokens' places
-    (``rlhf.data.sft.padding_free_index``)."""
+    [2m, 2] = (row, position) of each sequence's last token, the real tokens' places
+    (``rlhf.data.sft.padding_free_index``) and the response tokens' (``scored_index``: where
+    ``sequence_logps`` sums)."""
     seqs: list[tuple[list[int], list[int]]] = []
     for p in pairs:
         for resp in (p.chosen, p.rejected):
@@ -148,16 +149,27 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max
             last[seq_of_row[b][t]] = torch.tensor([b, t])
     out["last"] = last
     out.update(padding_free_index(out["seg"], out["position_ids"]))
+    out["scored_index"] = scored_index(_summed(out))
     return out
+
+
+def _summed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[B, T]`` bool: the positions whose log-probs ``sequence_logps`` sums."""
+    return batch["loss_mask"].bool() & (batch["seq"] >= 0)
 
 
 def sequence_logps(token_logp: torch.Tensor, batch: dict[str, torch.Tensor], n_seqs: int) -> torch.Tensor:
     """Sum of response-token log-probs per sequence, ``[n_seqs]``.
 
     ``token_logp [B, T]`` holds at position t the log-prob of ``input_ids[:, t]`` (position 0,
-    which nothing predicts, may hold anything: it is a prompt token)."""
-    keep = batch["loss_mask"].bool() & (batch["seq"] >= 0)
+    which nothing predicts, may hold anything: it is a prompt token). A batch of ``collate_pairs``
+    carries those positions as ``scored_index`` (position 0 is never a response token there):
+    picked by index, so the device reports no count to the host as a boolean mask would."""
     sums = torch.zeros(n_seqs, dtype=token_logp.dtype, device=token_logp.device)
+    at = batch.get("scored_index")
+    if at is not None:
+        return sums.index_add(0, batch["seq"].flatten().index_select(0, at), token_logp.flatten().index_select(0, at))
+    keep = _summed(batch)
     return sums.index_add(0, batch["seq"][keep], token_logp[keep])
 
 

@@ -310,8 +310,8 @@ def to_rows(examples: Sequence[Example], *, pack: bool, max_length: int) -> list
 
 
 def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
-    """Right-padded tensors: input_ids, loss_mask, position_ids, seg (-1 on padding), and the
-    real tokens' places (``padding_free_index``)."""
+    """Right-padded tensors: input_ids, loss_mask, position_ids, seg (-1 on padding), the real
+    tokens' places (``padding_free_index``) and the trained ones' (``scored_index`` of loss_mask)."""
     T = max(len(r) for r in rows)
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -324,7 +324,18 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
         mask[b, :n] = torch.tensor(r.loss_mask)
         pos[b, :n] = torch.tensor(r.position_ids)
         seg[b, :n] = torch.tensor(r.seg)
-    return {"input_ids": ids, "loss_mask": mask, "position_ids": pos, "seg": seg, **padding_free_index(seg, pos)}
+    return {"input_ids": ids, "loss_mask": mask, "position_ids": pos, "seg": seg, **padding_free_index(seg, pos),
+            "scored_index": scored_index(mask)}
+
+
+def scored_index(keep: torch.Tensor) -> torch.Tensor:
+    """The flat positions ``[N]`` in the ``[B * T]`` layout, row by row, of the tokens whose
+    log-probs a supervised objective takes (``keep [B, T]``, without each row's position 0, which
+    nothing predicts). Found here on the host: ``rlhf.loops.objectives.token_logps`` selects and
+    scatters with them, where a boolean mask would make the device report its count to the host."""
+    keep = keep.to(torch.bool).clone()
+    keep[:, 0] = False
+    return torch.nonzero(keep.flatten()).flatten()
 
 
 def padding_free_index(seg: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:

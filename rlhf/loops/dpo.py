@@ -37,12 +37,13 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     prepared = prepared or prepare(spec, console)
     pairs, eval_pairs, counts, steps_per_epoch = sup.start_pairs(spec, prepared, tracker)
     B = spec.batch
+    zero3 = spec.train.zero_stage == 3  # the reference is sharded as the actor is
     mb_of = sup.pair_collator(prepared, algo.packing)
 
     def logps(group, ps) -> torch.Tensor:
         """[n, 2]: summed response log-probs of (chosen, rejected) of every pair."""
         pieces = sup.gather_eval(group, len(ps), lambda u: mb_of(ps, u), SequenceLogps(),
-                                 B.micro_batch_size)
+                                 B.micro_batch_size, zero3)
         return sup.per_unit(pieces, len(ps), per=2)
 
     # ---- the frozen reference, once
@@ -78,7 +79,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
                     mb["ref_logp"] = ref_train[u].reshape(-1)  # chosen, rejected, chosen, ... as the sequences
                 mbs.append(mb)
             out.append(mbs)
-        return out
+        return sup.agree_head_rows(out, zero3)
 
     def step_metrics(st: dict[str, float]) -> dict[str, float]:
         n = max(st["pairs"], 1.0)

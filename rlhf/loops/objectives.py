@@ -71,16 +71,32 @@ def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Te
 
     The backbone's hidden states go through the LM head at the kept positions only, in chunks
     (``rlhf.algos.logprobs_from_hidden``, as in the RL passes): no ``[B, T, V]`` logits, and no
-    head work for prompt tokens or padding."""
+    head work for prompt tokens or padding.
+
+    Without ``keep``, a micro-batch from the collates (``rlhf.data.sft.collate``,
+    ``rlhf.data.preference.collate_pairs``) brings its positions as ``scored_index``, found on the
+    host, and ``head_rows`` where the driver agreed the LM head's rows over ZeRO-3 ranks
+    (``rlhf.workers.zero3.equal_head_rows``): rows are picked and put back by index, so the pass
+    reads nothing back from the device. A boolean ``keep`` (or a micro-batch without the index)
+    costs a device-to-host read of each mask's count (and, under ZeRO-3, a collective)."""
     from rlhf.algos import logprobs_from_hidden
     from rlhf.workers.zero3 import equal_head_rows
 
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft keeps its LoRA layers
+    head = hf.get_output_embeddings()
+    hidden = backbone_hidden(model, mb)
+    at = mb.get("scored_index") if keep is None else None
+    if at is not None:
+        B, T = mb["input_ids"].shape
+        # the hidden state at t - 1 predicts token t (t is never a row's position 0: same row)
+        h = hidden.reshape(B * T, -1).index_select(0, at - 1)
+        y = mb["input_ids"].reshape(-1).index_select(0, at)
+        h, y, n = equal_head_rows(h, y, head, mb.get("head_rows"))
+        lp, _ = logprobs_from_hidden(h, head, y, vocab=hf.config.vocab_size, compile=compile)
+        return lp.new_zeros(B * T).index_copy(0, at, lp[:n]).view(B, T)
     keep = (mb["loss_mask"] if keep is None else keep).to(torch.bool).clone()
     keep[:, 0] = False
-    hidden = backbone_hidden(model, mb)
     pred = keep[:, 1:]  # the hidden state at t - 1 predicts token t
-    head = hf.get_output_embeddings()
     h, y, n = equal_head_rows(hidden[:, :-1][pred], mb["input_ids"][:, 1:][pred], head)
     lp, _ = logprobs_from_hidden(h, head, y, vocab=hf.config.vocab_size, compile=compile)
     out = torch.zeros(keep.shape, dtype=lp.dtype, device=lp.device)
@@ -88,8 +104,12 @@ def token_logps(model: Any, mb: dict[str, torch.Tensor], keep: Optional[torch.Te
     return out
 
 
-def _response(mb: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The positions ``sequence_logps`` sums: response tokens of real sequences."""
+def _response(mb: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+    """The positions ``sequence_logps`` sums, response tokens of real sequences, as ``keep`` for
+    ``token_logps``: None where the micro-batch carries them as ``scored_index`` (its collate
+    found the same positions on the host)."""
+    if "scored_index" in mb:
+        return None
     return mb["loss_mask"].to(torch.bool) & (mb["seq"] >= 0)
 
 

@@ -43,10 +43,11 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     steps_per_epoch = sup.check_enough(len(rows), spec, "rows" if spec.algo.packing else "examples")
     pad = tok.pad_token_id
     B = spec.batch
+    zero3 = spec.train.zero_stage == 3
 
     def evaluate() -> dict[str, float]:
         pieces = sup.gather_eval(cluster.actor, len(eval_rows), lambda u: collate([eval_rows[i] for i in u], pad),
-                                 SFTRowNLL(), B.micro_batch_size)
+                                 SFTRowNLL(), B.micro_batch_size, zero3)
         per = sup.per_unit(pieces, len(eval_rows), per=2)
         nll, tokens = float(per[:, 0].sum()), float(per[:, 1].sum())
         loss = nll / max(tokens, 1.0)
@@ -56,8 +57,8 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         """One step's rows per rank and micro-batch; the loss is a token mean over the whole step."""
         tokens = sum(sum(rows[i].loss_mask) for i in units)
         scale = sup.scale_tensor(B.train_world_size / max(tokens, 1))
-        return [[{**collate([rows[i] for i in mb], pad), "loss_scale": scale} for mb in rank]
-                for rank in sup.step_shards(units, spec)]
+        return sup.agree_head_rows([[{**collate([rows[i] for i in mb], pad), "loss_scale": scale} for mb in rank]
+                                    for rank in sup.step_shards(units, spec)], zero3)
 
     def step_metrics(st: dict[str, float]) -> dict[str, float]:
         return {"train/loss": st["nll_sum"] / max(st["tokens"], 1.0), "train/tokens": st["tokens"],

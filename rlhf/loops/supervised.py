@@ -107,11 +107,29 @@ def eval_shards(n: int, world: int, micro: int) -> list[list[list[int]]]:
     return out
 
 
-def gather_eval(group: Any, n: int, make_mb: Callable[[list[int]], MB], fn: Any, micro: int) -> list[Any]:
+def agree_head_rows(shards: list[list[MB]], zero3: bool) -> list[list[MB]]:
+    """``shards`` (per rank, per micro-batch; every rank as many) with ``head_rows`` in each
+    micro-batch where the LM head is partitioned (``zero3``, more than one rank): the most head rows
+    (``scored_index`` positions) of any rank's micro-batch at the same place. Every rank must call a
+    ZeRO-3 head as often as the others at the same time (``rlhf.workers.zero3.equal_head_rows``);
+    the driver made every rank's micro-batches, so it sets the count here instead of a collective,
+    and a read of its result on the host, in each micro-batch's pass. Otherwise unchanged."""
+    if zero3 and len(shards) > 1:
+        for at_k in zip(*shards):
+            most = max(len(mb["scored_index"]) for mb in at_k)
+            for mb in at_k:
+                mb["head_rows"] = most
+    return shards
+
+
+def gather_eval(group: Any, n: int, make_mb: Callable[[list[int]], MB], fn: Any, micro: int,
+                zero3: bool = False) -> list[Any]:
     """Run ``fn`` over all n units on ``group`` (no gradients); per-micro-batch results in unit
-    order, with the padded micro-batch units' index lists alongside: [(units, result), ...]."""
+    order, with the padded micro-batch units' index lists alongside: [(units, result), ...].
+    ``zero3``: ``fn`` runs a ZeRO-3 LM head over ``token_logps`` (see ``agree_head_rows``)."""
     plan = eval_shards(n, group.world_size, micro)
-    results = group.scatter(PolicyWorker.apply, [[make_mb(mb) for mb in rank] for rank in plan], fn)
+    shards = agree_head_rows([[make_mb(mb) for mb in rank] for rank in plan], zero3)
+    results = group.scatter(PolicyWorker.apply, shards, fn)
     out = []
     for rank_plan, rank_res in zip(plan, results):
         out.extend(zip(rank_plan, rank_res))

@@ -66,7 +66,7 @@ def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     # real query never sees the padding that follows its sample, so the result is exact
     n, L = len(cu) - 1, q.shape[0]
     lengths = (cu[1:] - cu[:-1]).to(device=q.device, dtype=torch.long)
-    row = torch.repeat_interleave(torch.arange(n, device=q.device), lengths)
+    row = torch.repeat_interleave(torch.arange(n, device=q.device), lengths, output_size=L)  # size given: no sync
     col = torch.arange(L, device=q.device) - cu.to(q.device).long()[row]
 
     def padded(x):

@@ -78,8 +78,9 @@ def _warmup(optimizer, warmup_steps: int):
 
 
 def _to(batch: Batch, device) -> Batch:
-    """The batch's tensors on ``device``; other values (a supervised micro-batch's ``max_len``) as they are."""
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """The batch's tensors on ``device`` (non_blocking: a blocking copy waits for the device's queue to drain);
+    other values (a supervised micro-batch's ``max_len``) as they are."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 class _Model(Worker):

@@ -2,7 +2,8 @@
 partitioned weight). rlhf.workers.zero3.equal_head_rows pads a rank's rows to the largest count;
 checked on two gloo ranks with a head whose weight carries ZeRO-3's ``ds_id`` mark: equal head
 calls, and the same log-probs and weight gradient as without padding; and a policy worker's
-packed passes, whose counts are agreed once per call (``packed_micro_batches``)."""
+packed passes, whose counts are agreed once per call (``packed_micro_batches``); and the supervised
+objectives' passes, whose counts the driver writes into each micro-batch (``agree_head_rows``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _rank(rank: int, port: int, out) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         out[("worker", rank)] = _worker_checks(rank)
+        out[("supervised", rank)] = _supervised_checks(rank)
         torch.manual_seed(0)
         head = _CountingHead(8, 50, bias=False).double()
         head.weight.ds_id = 0  # what ZeRO-3 marks its partitioned parameters with
@@ -144,3 +146,79 @@ def test_a_worker_agrees_the_head_rows_of_all_its_micro_batches_at_once(two_rank
     assert per_pass0 == per_pass1 == k  # without head_rows: one per pass, as before
     assert most0 == most1 == [max(a, b) for a, b in zip(own0, own1)]
     assert all(same0) and all(same1) and n0 == own0 and n1 == own1
+
+
+def _supervised_checks(rank: int) -> dict:
+    """SFT micro-batches with different numbers of trained tokens on the two ranks, the LM head
+    marked as ZeRO-3's and called on 4 rows at a time: with the driver's ``head_rows``
+    (``rlhf.loops.supervised.agree_head_rows``, run alike on every rank as the driver runs it once)
+    the forward and backward passes run no collective, and the head as often as on the other rank;
+    the losses and gradients equal those of the passes that agree their own rows by a collective."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import rlhf.algos.logprobs as L
+    from rlhf.data.sft import Row, collate
+    from rlhf.loops.objectives import SFTObjective
+    from rlhf.loops.supervised import agree_head_rows
+    from rlhf.models.varlen import use_varlen
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).double()
+    use_varlen(model)
+    model.lm_head.weight.ds_id = 0
+    calls = []
+    model.lm_head.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    def mb(trained: list[int]) -> dict:
+        rows = []
+        for i, n in enumerate(trained):
+            r = Row()
+            r.add([1 + i, 2, 3] + [4 + (j % 40) for j in range(n)], [0, 0, 0] + [1] * n, 0)
+            rows.append(r)
+        return {**collate(rows, 0), "loss_scale": torch.tensor(0.1, dtype=torch.float64)}
+
+    # rank 0 trains 2 and 3 + 2 tokens, rank 1 6 + 7 and 1: alone, 1 and 2 head calls per pass against 4 and 1
+    shards = agree_head_rows([[mb([2]), mb([3, 2])], [mb([6, 7]), mb([1])]], zero3=True)
+    reduces = []
+    real_all_reduce = dist.all_reduce
+
+    def counting(t, *a, **k):
+        reduces.append(t.numel())
+        return real_all_reduce(t, *a, **k)
+
+    dist.all_reduce = counting
+    chunk = L.CHUNK_ELEMENTS
+    L.CHUNK_ELEMENTS = 4 * 50
+    runs = {}
+    try:
+        for agreed in (True, False):
+            got = []
+            for m in shards[rank]:
+                m = m if agreed else {k: v for k, v in m.items() if k != "head_rows"}
+                calls.clear(), reduces.clear()
+                model.zero_grad()
+                loss, _ = SFTObjective()(model, m)
+                loss.backward()
+                got.append((len(calls), len(reduces), loss.detach(), [p.grad.clone() for p in model.parameters()]))
+            runs[agreed] = got
+    finally:
+        dist.all_reduce = real_all_reduce
+        L.CHUNK_ELEMENTS = chunk
+    return {"head_rows": [m["head_rows"] for m in shards[rank]], "own": [len(m["scored_index"]) for m in shards[rank]],
+            "calls": [c for c, *_ in runs[True]], "reduces": [r for _, r, *_ in runs[True]],
+            "reduces_alone": [r for _, r, *_ in runs[False]],
+            "same": all(torch.equal(a[2], b[2]) and all(torch.equal(x, y) for x, y in zip(a[3], b[3]))
+                        for a, b in zip(runs[True], runs[False]))}
+
+
+def test_supervised_passes_take_the_head_rows_the_driver_agreed(two_ranks):
+    r0, r1 = two_ranks[("supervised", 0)], two_ranks[("supervised", 1)]
+    assert r0["own"] == [2, 5] and r1["own"] == [13, 1]
+    assert r0["head_rows"] == r1["head_rows"] == [13, 5]
+    # ceil(13 / 4) = 4 and ceil(5 / 4) = 2 chunks, each called in the forward and again in the backward
+    assert r0["calls"] == r1["calls"] == [8, 4]
+    assert r0["reduces"] == r1["reduces"] == [0, 0]  # no collective (nor a host read) in the passes
+    assert r0["reduces_alone"] == r1["reduces_alone"] == [1, 1]  # without head_rows: one each, as before
+    assert r0["same"] and r1["same"]
