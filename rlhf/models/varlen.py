@@ -125,9 +125,11 @@ def use_varlen(model) -> None:
 
 def packed_kwargs(packed: dict, device) -> dict:
     """The model-call arguments of a packed micro-batch (``rlhf.data.packing.pack``)."""
-    cu = packed["cu_seqlens"].to(device=device, dtype=torch.int32)
+    # non_blocking: a blocking copy from host memory first waits for everything queued on the device
+    cu = packed["cu_seqlens"].to(device=device, dtype=torch.int32, non_blocking=True)
     n = int(packed["max_len"])
-    return {"input_ids": packed["input_ids"].to(device), "position_ids": packed["position_ids"].to(device),
+    return {"input_ids": packed["input_ids"].to(device, non_blocking=True),
+            "position_ids": packed["position_ids"].to(device, non_blocking=True),
             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n, "use_cache": False,
             "attention_mask": no_mask(device)}
 

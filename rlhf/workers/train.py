@@ -223,9 +223,10 @@ class _Model(Worker):
 
         model = _hf_model(module)
         dev = self.torch_device()
-        hidden = self._hidden(model, packed)[packed["pred_index"].to(dev)]
+        hidden = self._hidden(model, packed)[packed["pred_index"].to(dev, non_blocking=True)]
         head = model.get_output_embeddings()
-        hidden, targets, n = equal_head_rows(hidden, packed["targets"].to(dev), head, packed.get("head_rows"))
+        targets = packed["targets"].to(dev, non_blocking=True)
+        hidden, targets, n = equal_head_rows(hidden, targets, head, packed.get("head_rows"))
         lp, ent = logprobs_from_hidden(hidden, head, targets, self.temperature, with_entropy,
                                        vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
         return lp[:n], (ent[:n] if ent is not None else None)
@@ -637,7 +638,7 @@ class CriticWorker(TrainedWorker):
         module = self.engine.module
         dev = self.torch_device()
         out = module(**packed_kwargs(packed, dev)).logits[0, :, 0]
-        return out[packed["pred_index"].to(dev)].float()
+        return out[packed["pred_index"].to(dev, non_blocking=True)].float()
 
     def values(self, batch: Batch) -> torch.Tensor:
         self.engine.eval()
