@@ -23,7 +23,13 @@ OUT=${OUT:-/tmp/rlhf-gpu/out}
 WORK=/tmp/rlhf-gpu
 mkdir -p "$OUT" "$WORK/results"
 START=$(date +%s)
-DEADLINE=$(( START + ${BUDGET_S:-560} ))
+BUDGET_S=${BUDGET_S:-560}
+# a device call ends at 600 s and returns only what is under $OUT by then: leave room to copy it
+if (( BUDGET_S > ${CALL_LIMIT_S:-600} - 30 )); then
+  echo "gpu.sh: BUDGET_S=$BUDGET_S is past the call's ${CALL_LIMIT_S:-600} s less 30; using $(( ${CALL_LIMIT_S:-600} - 30 ))"
+  BUDGET_S=$(( ${CALL_LIMIT_S:-600} - 30 ))
+fi
+DEADLINE=$(( START + BUDGET_S ))
 
 export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
