@@ -731,9 +731,21 @@ def summarize(steps: list[dict], warmup: int) -> dict:
         vals = [float(s[k]) for s in timed if s.get(k) is not None]
         if vals:
             out[k] = statistics.mean(vals)
+            out[k + "_median"] = statistics.median(vals)
+    out.update(paired_passes(timed))
     out["step_times"] = [round(float(s["step_s"]), 3) for s in timed]
     out["warmup_step_times"] = [round(float(s["step_s"]), 3) for s in steps[:warmup]]
     return out
+
+
+def paired_passes(timed: list[dict]) -> dict:
+    """The reference pass against the policy's log-prob pass of the same step (same batch):
+    ``{"ref_le_policy_steps": k, "paired_steps": n}``, empty when no step ran both."""
+    pairs = [(float(s["reference_s"]), float(s["old_logp_s"])) for s in timed
+             if s.get("reference_s") is not None and s.get("old_logp_s") is not None]
+    if not pairs:
+        return {}
+    return {"ref_le_policy_steps": sum(r <= p for r, p in pairs), "paired_steps": len(pairs)}
 
 
 def speedup(res: dict) -> Optional[float]:
@@ -775,8 +787,11 @@ def report(a, res: dict) -> str:
         f"{fmt(res['trl'].get('first_step_s'), '{:.0f}')} | |",
     ]
     if o:
+        paired = (f"; reference ≤ policy in {o['ref_le_policy_steps']} of {o['paired_steps']} steps, medians "
+                  f"{fmt(o.get('reference_s_median'))} / {fmt(o.get('old_logp_s_median'))} s"
+                  if o.get("paired_steps") else "")
         lines.append(f"ours, passes: reference {fmt(o.get('reference_s'))} s, old log-prob pass "
-                     f"{fmt(o.get('old_logp_s'))} s (none when the update is exactly on-policy), update MFU "
+                     f"{fmt(o.get('old_logp_s'))} s (none when the update is exactly on-policy{paired}), update MFU "
                      f"{fmt(o.get('mfu'), '{:.1%}')} (forward + backward alone {fmt(o.get('fwd_bwd_mfu'), '{:.1%}')}, "
                      f"optimizer steps {fmt(o.get('optimizer_s'))} s), "
                      f"trainer-vLLM log-prob mismatch {fmt(o.get('mismatch'), '{:.4f}')}")

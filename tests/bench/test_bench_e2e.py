@@ -30,6 +30,8 @@ def test_e2e_bench_runs_our_side_and_reports_each_pass(rl_env, tmp_path):
     assert step and float(step.group(1)) > 0, out[-3000:]
     passes = re.search(r"^ours, passes: reference ([0-9.]+) s, old log-prob pass ([0-9.]+) s", out, re.M)
     assert passes, out[-3000:]
+    # both passes ran in the timed step (2 steps, 1 of them warm-up): paired, with medians
+    assert re.search(r"reference ≤ policy in [01] of 1 steps, medians [0-9.]+ / [0-9.]+ s", out), out[-3000:]
     assert re.search(r"^ours: ok, \d+ steps", out, re.M), out[-3000:]
     copied = re.search(r"^ours' per-step metrics: (\S+)$", out, re.M)
     assert copied and Path(copied.group(1)).parent == tmp_path / "out", out[-3000:]
@@ -47,3 +49,12 @@ def test_metrics_copy_name_follows_the_settings():
     others = {ours_metrics_name(parse_args(base + extra)) for extra in (
         ["--kl", "0.001"], ["--liger", "true"], ["--ours-tokens", "16384"], ["--ours-extra", "algo.tis_cap=2"])}
     assert name not in others and len(others) == 4
+
+
+def test_paired_passes_count_steps_where_the_reference_was_not_slower():
+    from bench.e2e_trl import paired_passes
+
+    steps = [{"reference_s": 0.40, "old_logp_s": 0.41}, {"reference_s": 0.45, "old_logp_s": 0.41},
+             {"reference_s": 0.41, "old_logp_s": 0.41}, {"reference_s": 0.3}]  # the last ran no policy pass
+    assert paired_passes(steps) == {"ref_le_policy_steps": 2, "paired_steps": 3}
+    assert paired_passes([{"reference_s": None, "old_logp_s": 0.4}]) == {}
