@@ -171,6 +171,7 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> d
             vals = [r[k] for r in rows if k in r]
             if vals:
                 rec[k] = max(vals)
+                rec.setdefault("last_step", {})[k] = vals[-1]  # steady state: no first-step compiles
     rec["exported"] = (out_dir / "final" / "hf" / "config.json").exists()
     rec["checkpointed"] = any((out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").exists() else False
     train_gb = rec["plan"].get("training phase") or rec["plan"].get("actor")
@@ -180,6 +181,10 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> d
         measured = sum(peaks) * 2**30 / 1e9
         rec["train_measured_gb"] = round(measured, 2)
         rec["train_measured_over_plan"] = round(measured / train_gb, 3)
+        last = [rec.get("last_step", {}).get(k) for k in PEAK_KEYS]
+        if any(last):
+            rec["train_measured_last_gb"] = round(sum(v for v in last if v) * 2**30 / 1e9, 2)
+            rec["train_measured_last_over_plan"] = round(rec["train_measured_last_gb"] / train_gb, 3)
         held = [rec[k] for k in ALLOCATED_KEYS if rec.get(k)]
         if held:
             rec["train_allocated_gb"] = round(sum(held) * 2**30 / 1e9, 2)

@@ -107,6 +107,20 @@ class Worker:
 
             deepspeed.init_distributed(dist_backend=backend)
         self.setup()
+        self.release_setup_memory()
+
+    def release_setup_memory(self) -> None:
+        """Give the set-up's cached blocks back to the device and restart the peak counters. Why:
+        loading and DeepSpeed's initialisation make large temporaries (at ZeRO-3 an fp32 copy and
+        its clone of the partition, 8 bytes per parameter), whose blocks the caching allocator
+        keeps; the vLLM engines starting beside a hybrid run need that memory, and the first
+        step's peak should be the step's own."""
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
 
     def uses_deepspeed(self) -> bool:
         """Training engines do; forward-only workers only under ZeRO-3 (importing it costs seconds)."""

@@ -77,3 +77,30 @@ def test_supervised_cells_train_and_evaluate_on_their_own_data(tmp_path, monkeyp
     for f in files.values():
         row = json.loads(open(f).readline())
         assert keys <= set(row), (f, row)
+
+
+def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path, monkeypatch):
+    """run_fitting's record from a run's metrics (the run itself stood in for): the largest and
+    the last step's reserved peaks, the allocated peak, each over the plan's training figure."""
+    import bench.matrix as matrix
+
+    out_dir = tmp_path / "cell"
+    gib = 2**30 / 1e9
+    steps = [{"memory/train_peak_reserved_gib": 30.0, "memory/train_peak_allocated_gib": 20.0,
+              "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0},
+             {"memory/train_peak_reserved_gib": 25.0, "memory/train_peak_allocated_gib": 22.0,
+              "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0}]
+
+    def fake_cli(args, timeout):
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+        return 0, "done", 1.0
+
+    monkeypatch.setattr(matrix, "run_cli", fake_cli)
+    monkeypatch.setattr(matrix.shutil, "rmtree", lambda *a, **k: None)
+    rec = matrix.run_fitting({"plan": {"training phase": 50.0}, "plan_lines": []}, [], out_dir, deadline=1e12)
+    assert rec["train_measured_gb"] == pytest.approx((30 + 2) * gib, abs=0.01)
+    assert rec["train_measured_last_gb"] == pytest.approx((25 + 2) * gib, abs=0.01)
+    assert rec["train_measured_last_over_plan"] == pytest.approx((25 + 2) * gib / 50, abs=0.001)
+    assert rec["train_allocated_gb"] == pytest.approx(22 * gib, abs=0.01)  # the reference logged no allocated peak
+    assert rec["train_allocated_over_plan"] == pytest.approx(22 * gib / 50, abs=0.001)

@@ -72,3 +72,15 @@ def test_largest_each_takes_the_max_per_name():
     ranks = [{"a": 1.0, "b": 7.0}, {"a": 3.0}, {}, {"b": 2.0, "c": 0.5}]
     assert largest_each(ranks) == {"a": 3.0, "b": 7.0, "c": 0.5}
     assert largest_each([]) == {}
+
+
+def test_set_up_memory_goes_back_and_the_first_step_counts_from_zero(monkeypatch):
+    fake = FakeCuda()
+    monkeypatch.setattr(torch, "cuda", fake)
+    w = bare(PolicyWorker, "cuda", "actor")
+    w.release_setup_memory()
+    assert fake.emptied == 1 and fake.resets == 1
+    assert w.memory_peaks() == {"memory/train_peak_reserved_gib": 4.0, "memory/train_peak_allocated_gib": 3.0}
+    cpu = bare(PolicyWorker, "cpu", "actor")
+    cpu.release_setup_memory()  # nothing to give back off CUDA
+    assert fake.emptied == 1
