@@ -149,11 +149,11 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max
             last[seq_of_row[b][t]] = torch.tensor([b, t])
     out["last"] = last
     out.update(padding_free_index(out["seg"], out["position_ids"]))
-    out["scored_index"] = scored_index(_summed(out))
+    out["scored_index"] = scored_index(summed_positions(out))
     return out
 
 
-def _summed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def summed_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``[B, T]`` bool: the positions whose log-probs ``sequence_logps`` sums."""
     return batch["loss_mask"].bool() & (batch["seq"] >= 0)
 
@@ -169,7 +169,7 @@ def sequence_logps(token_logp: torch.Tensor, batch: dict[str, torch.Tensor], n_s
     at = batch.get("scored_index")
     if at is not None:
         return sums.index_add(0, batch["seq"].flatten().index_select(0, at), token_logp.flatten().index_select(0, at))
-    keep = _summed(batch)
+    keep = summed_positions(batch)
     return sums.index_add(0, batch["seq"][keep], token_logp[keep])
 
 

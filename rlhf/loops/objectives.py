@@ -108,9 +108,9 @@ def _response(mb: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
     """The positions ``sequence_logps`` sums, response tokens of real sequences, as ``keep`` for
     ``token_logps``: None where the micro-batch carries them as ``scored_index`` (its collate
     found the same positions on the host)."""
-    if "scored_index" in mb:
-        return None
-    return mb["loss_mask"].to(torch.bool) & (mb["seq"] >= 0)
+    from rlhf.data.preference import summed_positions
+
+    return None if "scored_index" in mb else summed_positions(mb)
 
 
 def _n_seqs(mb: dict[str, torch.Tensor]) -> int:

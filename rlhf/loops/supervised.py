@@ -230,16 +230,9 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
 def memory_peaks(cluster: Any) -> dict[str, float]:
     """The actor's GPU memory peaks since the last call, the largest over its ranks
     (``Worker.memory_peaks``). (DPO's reference has done its passes and gone before training.)"""
-    return largest_each(cluster.actor.call(PolicyWorker.memory_peaks))
+    from rlhf.workers.schedule import combine_ranks
 
-
-def largest_each(dicts: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Per name, the largest value over the dicts that have it."""
-    out: dict[str, float] = {}
-    for d in dicts:
-        for k, v in d.items():
-            out[k] = max(out.get(k, v), v)
-    return out
+    return combine_ranks(cluster.actor.call(PolicyWorker.memory_peaks))
 
 
 def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
@@ -370,7 +363,7 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
-        cuda = spec.hardware.accelerator == "cuda"
+        cuda = spec.device == "cuda"
         if before is None:
             before = evaluate()
             log.eval(0, before, "before training")

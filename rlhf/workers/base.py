@@ -107,20 +107,39 @@ class Worker:
 
             deepspeed.init_distributed(dist_backend=backend)
         self.setup()
-        self.release_setup_memory()
+        # set-up's temporaries (at ZeRO-3 an fp32 copy of the partition and its clone, 8 bytes per
+        # parameter) leave cached blocks that the vLLM engines starting beside a hybrid run need,
+        # and the first step's peaks should be the step's own
+        self.release_cuda_cache()
 
-    def release_setup_memory(self) -> None:
-        """Give the set-up's cached blocks back to the device and restart the peak counters. Why:
-        loading and DeepSpeed's initialisation make large temporaries (at ZeRO-3 an fp32 copy and
-        its clone of the partition, 8 bytes per parameter), whose blocks the caching allocator
-        keeps; the vLLM engines starting beside a hybrid run need that memory, and the first
-        step's peak should be the step's own."""
+    def release_cuda_cache(self) -> dict[str, float]:
+        """Return PyTorch's cached blocks (the activations of the passes just run) to the device
+        before vLLM wakes up on it (hybrid placement); the peaks this process reached since."""
+        if self.device != "cuda":
+            return {}
         import torch
 
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        peaks = self.memory_peaks()
+        torch.cuda.empty_cache()
+        return {**peaks, f"memory/{self._memory_name()}_resident_gib": torch.cuda.memory_reserved() / 2**30}
+
+    def memory_peaks(self) -> dict[str, float]:
+        """GiB this process's allocator reserved and its tensors held at most since the last call
+        (then the counters restart); none off CUDA. Reserved − allocated is the caching allocator's
+        own share (blocks cached but not in use, fragments), which the plan does not predict."""
+        if self.device != "cuda":
+            return {}
+        import torch
+
+        who = self._memory_name()
+        out = {f"memory/{who}_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+               f"memory/{who}_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
+        torch.cuda.reset_peak_memory_stats()
+        return out
+
+    def _memory_name(self) -> str:
+        return "train" if self.role == "actor" else self.role  # the actor's figures keep the offload path's names
 
     def uses_deepspeed(self) -> bool:
         """Training engines do; forward-only workers only under ZeRO-3 (importing it costs seconds)."""

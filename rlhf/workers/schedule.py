@@ -49,7 +49,7 @@ class Schedule:
         """After generation: vLLM sleeps, the trained models' states come back to the device."""
         out: dict[str, float] = {}
         if self.sleep:
-            out.update(_mean_dicts(self.rollout.call(RolloutWorker.engine_sleep, SLEEP_LEVEL)))
+            out.update(combine_ranks(self.rollout.call(RolloutWorker.engine_sleep, SLEEP_LEVEL)))
         if self.offload:
             out.update(_on_groups(self.trained, TrainedWorker.reload_train_states))
         return out
@@ -83,12 +83,12 @@ def _on_groups(groups: Sequence[Any], method: Any) -> dict[str, float]:
     results = [ray.get(r) for r in refs]
     out: dict[str, float] = {}
     for res in reversed(results):  # the actor is first: its figures are set last
-        out.update(_mean_dicts(res))
+        out.update(combine_ranks(res))
     return out
 
 
-def _mean_dicts(ds: Sequence[dict]) -> dict[str, float]:
-    """Per name, the mean over the dicts that have it; a memory peak (``memory/*_peak_*``), the
+def combine_ranks(ds: Sequence[dict]) -> dict[str, float]:
+    """The ranks' figures as one: per name, the mean over the dicts that have it; a memory peak (``memory/*_peak_*``), the
     largest: a rank runs out of memory on its own peak, not on the ranks' mean."""
     ds = [d for d in ds if d]
     if not ds:

@@ -129,31 +129,6 @@ class _Model(Worker):
             model.gradient_checkpointing_enable()
         return model
 
-    def release_cuda_cache(self) -> dict[str, float]:
-        """Return PyTorch's cached blocks (the activations of the passes just run) to the device
-        before vLLM wakes up on it (hybrid placement); the peaks this process reached since."""
-        if self.device != "cuda":
-            return {}
-        torch.cuda.synchronize()
-        peaks = self.memory_peaks()
-        torch.cuda.empty_cache()
-        return {**peaks, f"memory/{self._memory_name()}_resident_gib": torch.cuda.memory_reserved() / 2**30}
-
-    def memory_peaks(self) -> dict[str, float]:
-        """GiB this process's allocator reserved and its tensors held at most since the last call
-        (then the counters restart); none off CUDA. Reserved − allocated is the caching allocator's
-        own share (blocks cached but not in use, fragments), which the plan does not predict."""
-        if self.device != "cuda":
-            return {}
-        who = self._memory_name()
-        out = {f"memory/{who}_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-               f"memory/{who}_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
-        torch.cuda.reset_peak_memory_stats()
-        return out
-
-    def _memory_name(self) -> str:
-        return "train" if self.role == "actor" else self.role  # the actor's figures keep the offload path's names
-
     def torch_device(self):
         return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
 

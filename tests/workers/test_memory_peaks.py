@@ -1,11 +1,10 @@
-"""The training processes' memory figures: names, units, the counters' restart, and the supervised
-loop's largest-over-ranks reduction. CUDA's allocator counters are stood in for (CPU machine)."""
+"""The training processes' memory figures: names, units, the counters' restart, and the cache
+released after set-up. CUDA's allocator counters are stood in for (CPU machine)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlhf.loops.supervised import largest_each
 from rlhf.workers.train import PolicyWorker, ReferenceWorker
 
 GIB = 2**30
@@ -68,19 +67,20 @@ def test_no_figures_off_cuda():
     assert w.memory_peaks() == {} and w.release_cuda_cache() == {}
 
 
-def test_largest_each_takes_the_max_per_name():
-    ranks = [{"a": 1.0, "b": 7.0}, {"a": 3.0}, {}, {"b": 2.0, "c": 0.5}]
-    assert largest_each(ranks) == {"a": 3.0, "b": 7.0, "c": 0.5}
-    assert largest_each([]) == {}
+def test_set_up_ends_by_giving_its_cached_blocks_back(monkeypatch):
+    """``init_distributed`` sets the worker up, then releases the cache (and restarts the peak
+    counters) before anything else runs on the device."""
+    import os
 
+    import torch.distributed as dist
 
-def test_set_up_memory_goes_back_and_the_first_step_counts_from_zero(monkeypatch):
-    fake = FakeCuda()
-    monkeypatch.setattr(torch, "cuda", fake)
-    w = bare(PolicyWorker, "cuda", "actor")
-    w.release_setup_memory()
-    assert fake.emptied == 1 and fake.resets == 1
-    assert w.memory_peaks() == {"memory/train_peak_reserved_gib": 4.0, "memory/train_peak_allocated_gib": 3.0}
-    cpu = bare(PolicyWorker, "cpu", "actor")
-    cpu.release_setup_memory()  # nothing to give back off CUDA
-    assert fake.emptied == 1
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # no process group in this test
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the worker sets MASTER_ADDR etc.
+    w = bare(PolicyWorker, "cpu", "actor")
+    w.rank, w.world_size = 0, 1
+    calls = []
+    w.uses_deepspeed = lambda: False
+    w.setup = lambda: calls.append("setup")
+    w.release_cuda_cache = lambda: calls.append("release") or {}
+    w.init_distributed("127.0.0.1", 12345)
+    assert calls == ["setup", "release"]

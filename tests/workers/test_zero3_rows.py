@@ -7,6 +7,7 @@ objectives' passes, whose counts the driver writes into each micro-batch (``agre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -17,6 +18,23 @@ import torch.multiprocessing as mp
 
 from rlhf.algos import logprobs_from_hidden
 from rlhf.workers.zero3 import equal_head_rows
+
+
+@contextlib.contextmanager
+def counting_all_reduces():
+    """The element counts of every ``dist.all_reduce`` while inside, in a list (the calls go through)."""
+    reduces: list[int] = []
+    real = dist.all_reduce
+
+    def counting(t, *a, **k):
+        reduces.append(t.numel())
+        return real(t, *a, **k)
+
+    dist.all_reduce = counting
+    try:
+        yield reduces
+    finally:
+        dist.all_reduce = real
 
 
 class _CountingHead(torch.nn.Linear):
@@ -110,15 +128,7 @@ def _worker_checks(rank: int) -> tuple:
     responses = [torch.randint(1, 50, (1 + (i * 3 + rank) % 5,), generator=g).tolist() for i in range(n_rows)]
     batch = collate(prompts, responses, 0)
 
-    reduces = []
-    real_all_reduce = dist.all_reduce
-
-    def counting(t, *a, **k):
-        reduces.append(t.numel())
-        return real_all_reduce(t, *a, **k)
-
-    dist.all_reduce = counting
-    try:
+    with counting_all_reduces() as reduces:
         packed = worker.packed_micro_batches(batch)
         agreed = list(reduces)
         reduces.clear()
@@ -128,8 +138,6 @@ def _worker_checks(rank: int) -> tuple:
             reduces.clear()  # and the same passes without the agreed counts: each agrees its own
             alone = [worker._token_logprobs(model, {k: v for k, v in (p if rows else worker._stand_in(p)).items()
                                                     if k != "head_rows"})[0] for rows, p in packed]
-    finally:
-        dist.all_reduce = real_all_reduce
     own = [len(p["targets"]) if rows else 1 for rows, p in packed]
     return (agreed, passes, len(reduces), [p["head_rows"] for _, p in packed], own,
             [torch.equal(a, b) for a, b in zip(got, alone)], [len(x) for x in got])
@@ -181,30 +189,22 @@ def _supervised_checks(rank: int) -> dict:
 
     # rank 0 trains 2 and 3 + 2 tokens, rank 1 6 + 7 and 1: alone, 1 and 2 head calls per pass against 4 and 1
     shards = agree_head_rows([[mb([2]), mb([3, 2])], [mb([6, 7]), mb([1])]], zero3=True)
-    reduces = []
-    real_all_reduce = dist.all_reduce
-
-    def counting(t, *a, **k):
-        reduces.append(t.numel())
-        return real_all_reduce(t, *a, **k)
-
-    dist.all_reduce = counting
     chunk = L.CHUNK_ELEMENTS
     L.CHUNK_ELEMENTS = 4 * 50
     runs = {}
     try:
-        for agreed in (True, False):
-            got = []
-            for m in shards[rank]:
-                m = m if agreed else {k: v for k, v in m.items() if k != "head_rows"}
-                calls.clear(), reduces.clear()
-                model.zero_grad()
-                loss, _ = SFTObjective()(model, m)
-                loss.backward()
-                got.append((len(calls), len(reduces), loss.detach(), [p.grad.clone() for p in model.parameters()]))
-            runs[agreed] = got
+        with counting_all_reduces() as reduces:
+            for agreed in (True, False):
+                got = []
+                for m in shards[rank]:
+                    m = m if agreed else {k: v for k, v in m.items() if k != "head_rows"}
+                    calls.clear(), reduces.clear()
+                    model.zero_grad()
+                    loss, _ = SFTObjective()(model, m)
+                    loss.backward()
+                    got.append((len(calls), len(reduces), loss.detach(), [p.grad.clone() for p in model.parameters()]))
+                runs[agreed] = got
     finally:
-        dist.all_reduce = real_all_reduce
         L.CHUNK_ELEMENTS = chunk
     return {"head_rows": [m["head_rows"] for m in shards[rank]], "own": [len(m["scored_index"]) for m in shards[rank]],
             "calls": [c for c, *_ in runs[True]], "reduces": [r for _, r, *_ in runs[True]],
