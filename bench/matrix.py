@@ -55,6 +55,8 @@ CELLS: dict[str, tuple[str, list[str]]] = {
     "15b-grpo": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=grpo")),
     "15b-ppo": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=ppo")),
     "15b-grpo-zero3": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=grpo", "train.zero_stage=3")),
+    # DeepSpeed's CPU Adam on the GPU machine (7B's optimizer offload needs more host memory than it has)
+    "15b-grpo-optoff": ("qwen2.5-1.5b", _rl("qwen2.5-1.5b", "algo=grpo", "train.offload_optimizer=true")),
     "7b-lora-grpo": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo", "model.lora.rank=16", "model.lora.alpha=32")),
     "7b-lora-grpo-offload": ("qwen2.5-7b", _rl("qwen2.5-7b", "algo=grpo", "model.lora.rank=16",
                                                "model.lora.alpha=32", "placement.offload_train_state=true")),
