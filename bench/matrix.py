@@ -73,6 +73,9 @@ PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib"
 # what the tensors held at most (reserved minus this is the caching allocator's own share)
 ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
 MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
+# below this much free disk, model dirs that no later cell of the run needs are deleted (a 7B one is 15 GB)
+LOW_DISK_GB = 60
+LOGS: dict = {"dir": None}  # where each run's whole output is kept (beside the results file)
 
 
 def say(msg: str) -> None:
@@ -100,6 +103,23 @@ def supervised_data(kind: str) -> list[str]:
     return [f"data.train_files=[{f}]", f"data.eval_files=[{d / 'eval.jsonl'}]"]
 
 
+def plan_cli(args: list[str]) -> tuple[int, str]:
+    """``rlhf-run <args> --plan`` in this process: what a subprocess prints, without its 15 s of
+    imports per call (the plan touches no GPU: it is arithmetic on the spec)."""
+    import contextlib
+    import io
+
+    from rlhf import cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            rc = cli.main([*args, "--plan"])
+        except SystemExit as e:  # noqa: PERF203 - argparse's own exits
+            rc = e.code if isinstance(e.code, int) else 1
+    return rc, buf.getvalue()
+
+
 def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:
     t = time.time()
     try:
@@ -111,6 +131,22 @@ def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:
         return 124, out, time.time() - t
 
 
+def free_gb(path: Path) -> float:
+    p = next(q for q in [path, *path.parents] if q.exists())
+    return round(shutil.disk_usage(p).free / 1e9, 1)
+
+
+def free_models(keep: set[str]) -> None:
+    """Delete the model dirs of presets not in ``keep`` when the disk runs low: a cell's checkpoint
+    (actor and critic states: 14 B per parameter each) must not fail on what an earlier cell left."""
+    if not MODELS.exists() or free_gb(MODELS) >= LOW_DISK_GB:
+        return
+    for d in MODELS.glob("*-random"):
+        if d.name.removesuffix("-random") not in keep:
+            shutil.rmtree(d, ignore_errors=True)
+            say(f"deleted {d} ({free_gb(MODELS)} GB free now)")
+
+
 def run_cell(name: str, deadline: float) -> dict:
     preset, overrides = CELLS[name]
     path = model_dir(preset)
@@ -119,10 +155,11 @@ def run_cell(name: str, deadline: float) -> dict:
     args = [*overrides, f"model.path={path}", f"output_dir={out_dir}"]
     if overrides[0] in ("algo=sft", "algo=rm", "algo=dpo"):
         args += supervised_data(overrides[0].split("=")[1])
-    rec: dict = {"cell": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": overrides}
+    rec: dict = {"cell": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": overrides,
+                 "disk_free_gb": free_gb(RUNS.parent)}
     text = plan_into(rec, args)
     if rec["plan_fits"]:
-        return run_fitting(rec, args, out_dir, deadline)
+        return run_fitting(rec, args, out_dir, deadline, name)
     rc, out, dt = run_cli(args, 120)
     rec.update(run_rc=rc, run_s=round(dt, 1), refused_before_start=rc == 2 and "Started a local Ray" not in out,
                last_line=out.strip().splitlines()[-1][:300] if out.strip() else "")
@@ -133,14 +170,14 @@ def run_cell(name: str, deadline: float) -> dict:
         sub: dict = {"overrides": fix}
         plan_into(sub, args + fix)
         if sub["plan_fits"]:
-            run_fitting(sub, args + fix, out_dir, deadline)
+            run_fitting(sub, args + fix, out_dir, deadline, f"{name}.suggested")
         rec["suggested_run"] = sub
     return rec
 
 
 def plan_into(rec: dict, args: list[str]) -> str:
     """``--plan`` of ``args``: its exit code, verdict, figures and key lines into ``rec``; its text."""
-    rc, text, _ = run_cli(args + ["--plan"], 120)
+    rc, text = plan_cli(args)
     rec["plan_rc"] = rc
     rec["plan_fits"] = "✓ fits" in text
     rec["plan"] = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
@@ -155,12 +192,15 @@ def suggested_fix(plan_text: str) -> list[str]:
     return m.group(1).split() if m else []
 
 
-def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> dict:
+def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log_name: str = "") -> dict:
     """Run a cell the plan calls fitting: exit code, step time, peaks against the plan, export."""
     shutil.rmtree(out_dir, ignore_errors=True)
     left = deadline - time.time()
     rc, text, dt = run_cli(args, max(left, 60))
     rec.update(run_rc=rc, run_s=round(dt, 1), last_lines=text.strip().splitlines()[-3:])
+    if LOGS["dir"] is not None and log_name:  # the whole output: a failure's cause is rarely in its last lines
+        LOGS["dir"].mkdir(parents=True, exist_ok=True)
+        (LOGS["dir"] / f"{log_name}.log").write_text(text[-400_000:])
     metrics = out_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     if rows:
@@ -196,7 +236,7 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float) -> d
         tokens = int(rec.get("micro_batch_tokens_max") or 0)
         if tokens:
             pinned = [f"train.max_tokens_per_micro_batch={tokens}", *plan_choices(rec["plan_lines"])]
-            _, again, _ = run_cli(args + pinned + ["--plan"], 120)
+            _, again = plan_cli(args + pinned)
             figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(again)}
             at_tokens = figures.get("training phase") or figures.get("actor")
             if at_tokens:
@@ -232,7 +272,8 @@ def main(argv=None) -> int:
     if results.exists() and not a.redo:
         done = {json.loads(x)["cell"] for x in results.read_text().splitlines() if x.strip()}
     names = [n for n in (a.cells.split(",") if a.cells else CELLS) if n]
-    for n in names:
+    LOGS["dir"] = results.parent / "cell_logs"
+    for i, n in enumerate(names):
         if n not in CELLS:
             print(f"unknown cell {n!r}; --list shows them", file=sys.stderr)
             return 2
@@ -243,6 +284,7 @@ def main(argv=None) -> int:
             say(f"{n}: skipped, budget spent")
             continue
         say(f"{n}: start")
+        free_models({CELLS[m][0] for m in names[i:] if m in CELLS})
         rec = run_cell(n, deadline)
         results.parent.mkdir(parents=True, exist_ok=True)
         with open(results, "a") as f:

@@ -104,3 +104,26 @@ def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path,
     assert rec["train_measured_last_over_plan"] == pytest.approx((25 + 2) * gib / 50, abs=0.001)
     assert rec["train_allocated_gb"] == pytest.approx(22 * gib, abs=0.01)  # the reference logged no allocated peak
     assert rec["train_allocated_over_plan"] == pytest.approx(22 * gib / 50, abs=0.001)
+
+
+def test_a_cells_whole_output_is_kept_beside_the_results(tmp_path, monkeypatch):
+    import bench.matrix as matrix
+
+    text = "start\n" + "the cause, far from the end\n" + "noise\n" * 50
+    monkeypatch.setattr(matrix, "run_cli", lambda args, timeout: (124, text, 1.0))
+    monkeypatch.setitem(matrix.LOGS, "dir", tmp_path / "cell_logs")
+    rec = matrix.run_fitting({"plan": {}, "plan_lines": []}, [], tmp_path / "cell", deadline=1e12, log_name="c1")
+    assert rec["run_rc"] == 124 and "the cause" not in " ".join(rec["last_lines"])
+    assert "the cause, far from the end" in (tmp_path / "cell_logs" / "c1.log").read_text()
+
+
+@pytest.mark.parametrize("free,deleted", [(100.0, set()), (20.0, {"qwen2.5-7b-random"})])
+def test_model_dirs_no_later_cell_needs_go_when_the_disk_runs_low(tmp_path, monkeypatch, free, deleted):
+    import bench.matrix as matrix
+
+    for name in ("qwen2.5-0.5b-random", "qwen2.5-7b-random"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(matrix, "MODELS", tmp_path)
+    monkeypatch.setattr(matrix, "free_gb", lambda path: free)
+    matrix.free_models({"qwen2.5-0.5b"})
+    assert {d.name for d in tmp_path.iterdir()} == {"qwen2.5-0.5b-random", "qwen2.5-7b-random"} - deleted
