@@ -59,8 +59,8 @@ class DiskNeed:
 
 def trained_params(spec: RunSpec) -> dict[str, tuple[int, int]]:
     """``{role: (trained parameters, parameters of its HF export)}`` for the roles a checkpoint
-    saves: the actor (a reward model's value head in algo=rm, its LoRA adapters alone when
-    model.lora is set) and PPO's critic (every weight). Frozen models (reference, reward) are not
+    saves: the actor (in algo=rm a reward model: a value head, no LM head; its LoRA adapters
+    alone when model.lora is set) and PPO's critic (every weight). Frozen models (reference, reward) are not
     saved."""
     m = spec.model
     full = param_count(m, with_lm_head=spec.algo.kind != "rm")
@@ -107,11 +107,11 @@ def need(spec: RunSpec) -> DiskNeed:
     """The peak of what the run writes under output_dir (see ``DiskNeed``).
 
     A checkpoint: each trained role's DeepSpeed checkpoint, and its HF export when
-    ``checkpoint.save_hf``. Rotation keeps the newest ``keep_last`` and the best
-    (``best_metric``: one more at most) and deletes older ones only after the new one is in place,
-    so k = keep_last (+1) + 1 are on disk while one is written, never more than the run's saves S;
-    after the last save the final export (policy, critic: written anew, not linked) joins the
-    min(S, k - 1) that remain. The peak is the larger of the two."""
+    ``checkpoint.save_hf``. Rotation keeps k = keep_last checkpoints (one more, the best, with
+    ``best_metric``) and deletes older ones only after the new one is in place: min(S, k + 1) are
+    on disk while one is written, S the run's saves. After the last save the final export (the
+    policy's and the critic's, written anew, not linked) joins the min(S, k) that remain. The peak
+    is the larger of the two."""
     ck = spec.checkpoint
     roles = trained_params(spec)
     one: dict[str, float] = {}
