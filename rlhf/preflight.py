@@ -2,6 +2,7 @@
 model path or output dir is one ``UserError`` line (exit code 2) and no half-started cluster.
 
     check_output_dir(path)            writable (created if missing)
+    check_disk(spec)                  the checkpoints and final export fit the disk under output_dir
     resolve_models(spec)              model.path / reward.model_path -> local checkpoint dirs with
                                       weights (a Hub id fetched into the HF cache), kept in the
                                       spec (``RunSpec.models``) for the workers
@@ -82,6 +83,7 @@ def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
 
             console.print("planned again with the checkpoint's numbers:" + (shape_line(spec) or "")[1:])
         check_fits(spec)  # the plan checked before the run was the group's
+        check_disk(spec)
     return with_models(spec, found)
 
 
@@ -227,6 +229,18 @@ def check_fits(spec: RunSpec) -> None:
         return
     first = next((w for w in warnings(spec, est) if w.startswith("✗")), "✗ does not fit")
     raise UserError(first[2:] + " (rlhf-run <same overrides> --plan shows every figure)")
+
+
+def check_disk(spec: RunSpec) -> None:
+    """A run whose checkpoints and final export need more than the disk under its output_dir has
+    free (``rlhf.spec.disk``; the plan prints the same line) stops here, before anything starts:
+    on CPU too, where the tiny runs need kilobytes."""
+    from rlhf.spec import disk
+    from rlhf.spec.plan import disk_warning
+
+    line = disk_warning(spec, disk.need(spec), disk.available_bytes(spec))
+    if line is not None:
+        raise UserError(line[2:] + " (rlhf-run <same overrides> --plan shows every figure)")
 
 
 def preflight(spec: RunSpec, console: Any = None) -> Any:

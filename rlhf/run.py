@@ -107,7 +107,8 @@ def write_run_dir(spec: RunSpec) -> Path:
 
 def check_before_run(spec: RunSpec) -> int:
     """The checks a run passes before anything (its run dir included) is made: 0, or exit code 2
-    having printed why (a GPU plan that does not fit, an output dir that cannot be written)."""
+    having printed why (a GPU plan that does not fit, checkpoints the disk under output_dir has no
+    room for, an output dir that cannot be written)."""
     try:
         _checks(spec)
     except UserError as e:
@@ -117,9 +118,10 @@ def check_before_run(spec: RunSpec) -> int:
 
 
 def _checks(spec: RunSpec) -> None:
-    from rlhf.preflight import check_fits, check_output_dir
+    from rlhf.preflight import check_disk, check_fits, check_output_dir
 
     check_fits(spec)  # nothing to check off CUDA
+    check_disk(spec)
     check_output_dir(spec.run_dir)
 
 

@@ -3,17 +3,18 @@
     rlhf-run algo=grpo model=llama3-8b hardware=8xh100 --plan
 
 It shows what differs from the defaults, the batch math, which device holds which role, the
-memory per GPU by phase (hybrid) or role (disaggregated) with the parts that make it up, and
-warnings: a figure that will not fit (with what to change), vLLM weights that leave no KV cache,
-idle devices.
+memory per GPU by phase (hybrid) or role (disaggregated) with the parts that make it up, the disk
+the checkpoints and the final export take under output_dir (``rlhf.spec.disk``), and warnings: a
+figure that will not fit (with what to change), vLLM weights that leave no KV cache, idle devices.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Optional
 
-from rlhf.spec.advice import setting_that_fits, suggestions
-from rlhf.spec import memory
+from rlhf.spec.advice import apply, setting_that_fits, suggestions
+from rlhf.spec import disk, memory
 from rlhf.spec.memory import (
     HOST,
     TRAINING_FIGURES,
@@ -109,6 +110,65 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             "Use placement.rollout.engines=0 (as many as fit)."
         )
     return out
+
+
+def _amount(gb: float, up: bool = False) -> str:
+    """GB as the disk lines print it: "55.6 GB", or MB under a GB; ``up``: rounded up, whole units."""
+    value, unit = (gb, "GB") if gb >= 1 else (gb * 1e3, "MB")
+    return f"{math.ceil(value)} {unit}" if up else f"{value:.1f} {unit}"
+
+
+def _sizes(parts: dict[str, float], unit: float) -> str:
+    return " + ".join(f"{k} {v * memory.GB / unit:.1f}" for k, v in parts.items())
+
+
+def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> str:
+    """``disk at <run dir>: <n> checkpoint(s) × (parts) + final export (parts) = X GB of Y GB free``
+    (MB where the need is under a GB: the CPU runs)."""
+    unit, name = (memory.GB, "GB") if need.total >= 1 else (1e6, "MB")
+    n = need.checkpoints
+    text = f"{n} checkpoint{'s ×' if n > 1 else ''} ({_sizes(need.checkpoint, unit)})"
+    if need.final:
+        text += f" + final export ({_sizes(need.final, unit)})"
+    free = f"of {_amount(available / memory.GB)} free" if available is not None else "(free space unknown)"
+    return f"disk at {spec.run_dir} (output_dir): {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
+
+
+def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> Optional[str]:
+    """The "✗ does not fit" line of a run whose checkpoints and export need more than
+    DISK_FIT_MARGIN of the space free under its output_dir, with settings checked to fit; else None."""
+    if available is None or not disk.over(spec, available, need):
+        return None
+    what = f"{need.checkpoints} checkpoint{'s' if need.checkpoints > 1 else ''} of {_amount(need.per_checkpoint)}"
+    if need.final:
+        what += f" and the final export of {_amount(sum(need.final.values()))}"
+    tips = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in disk.suggestions(spec, available))
+    return (f"✗ does not fit: the disk at {spec.run_dir} needs ~{_amount(need.total)} ({what}), "
+            f"{_amount(available / memory.GB)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
+            f"Give output_dir= a path on a disk with ≥ {_amount(need.total / disk.DISK_FIT_MARGIN, up=True)} free"
+            + (f", or set {tips}." if tips else "."))
+
+
+def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int]) -> Optional[tuple[str, ...]]:
+    """Overrides that make every GPU figure (``setting_that_fits``) and then the disk fit
+    (``disk.suggestions`` of the spec with them); None when none is found."""
+    fix = () if fits(spec, est) else setting_that_fits(spec)
+    if fix is None:
+        return None
+    cur = apply(spec, fix) if fix else spec
+    if cur is None:
+        return None
+    if available is None or not disk.over(cur, available):
+        return fix
+    tips = disk.suggestions(cur, available)
+    if not tips:
+        return None
+    merged = dict(o.split("=", 1) for o in fix)
+    for o in tips[0][0]:
+        key, value = o.split("=", 1)
+        merged.pop(key, None)
+        merged[key] = value
+    return tuple(f"{k}={v}" for k, v in merged.items())
 
 
 def _decisions(spec: RunSpec) -> list[str]:
@@ -218,14 +278,19 @@ def render_plan(spec: RunSpec) -> str:
             lines.append("host memory per node: not checked (hardware.host_memory_gb=0)")
     else:
         lines.append(f"memory: CPU run; model states ~{est.total('training phase' if 'training phase' in est.figures else 'actor'):.2f} GB of host memory")
-    warns = warnings(spec, est)
-    lines.extend(warns)
-    if gpu and not fits(spec, est):
-        fix = setting_that_fits(spec)
+    need, available = disk.need(spec), disk.available_bytes(spec)
+    lines.append(disk_line(spec, need, available))
+    lines.extend(warnings(spec, est))
+    on_disk = disk_warning(spec, need, available)
+    if on_disk:
+        lines.append(on_disk)
+    ok = fits(spec, est) and on_disk is None
+    if not ok:
+        fix = fitting_setting(spec, est, available)
         if fix:
             lines.append(f"→ a setting that fits: {' '.join(fix)}")
-    if gpu:
-        lines.append("✓ fits" if fits(spec, est) else "✗ does not fit (see above)")
+    if gpu or not ok:
+        lines.append("✓ fits" if ok else "✗ does not fit (see above)")
     return "\n".join(lines)
 
 
