@@ -121,14 +121,36 @@ def plan_cli(args: list[str]) -> tuple[int, str]:
 
 
 def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:
+    """``rlhf-run <args>`` in a subprocess: (exit code, its output, seconds); 124 at the timeout.
+    Every process the run started (its Ray cluster's included) is ended after it returns, found by
+    a tag in its environment: a run killed at its timeout must not hold GPU memory in the next cell."""
     t = time.time()
+    tag = f"{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "RLHF_MATRIX_RUN": tag}
     try:
         r = subprocess.run([sys.executable, "-m", "rlhf.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, env=env)
         return r.returncode, r.stdout + r.stderr, time.time() - t
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return 124, out, time.time() - t
+    finally:
+        if kill_tagged(tag):
+            time.sleep(3)  # the GPU memory of killed processes goes back asynchronously
+
+
+def kill_tagged(tag: str) -> int:
+    """SIGKILL every process whose environment has ``RLHF_MATRIX_RUN=tag``; how many there were."""
+    want = f"RLHF_MATRIX_RUN={tag}".encode()
+    n = 0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if want in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), 9)
+                n += 1
+        except (OSError, ValueError):
+            continue
+    return n
 
 
 def free_gb(path: Path) -> float:

@@ -127,3 +127,31 @@ def test_model_dirs_no_later_cell_needs_go_when_the_disk_runs_low(tmp_path, monk
     monkeypatch.setattr(matrix, "free_gb", lambda path: free)
     matrix.free_models({"qwen2.5-0.5b"})
     assert {d.name for d in tmp_path.iterdir()} == {"qwen2.5-0.5b-random", "qwen2.5-7b-random"} - deleted
+
+
+def test_what_a_run_leaves_running_is_ended_by_its_tag():
+    """A process that carries the run's tag (as a Ray worker inherits it) is gone after kill_tagged;
+    one without it is not touched."""
+    import os
+    import subprocess
+    import sys
+
+    import bench.matrix as matrix
+
+    tagged = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "RLHF_MATRIX_RUN": "t-1"})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "RLHF_MATRIX_RUN": "t-2"})
+    try:
+        import time
+
+        end, killed = time.time() + 10, 0
+        while not killed and time.time() < end:  # until the child has exec'd with its own environment
+            killed = matrix.kill_tagged("t-1")
+            time.sleep(0.02)
+        assert killed == 1
+        assert tagged.wait(timeout=10) == -9
+        assert other.poll() is None
+    finally:
+        tagged.kill()
+        other.kill()
