@@ -130,6 +130,36 @@ def fixed_len_prompts(n: int, length: int, vocab: int = 2048, seed: int = 0) -> 
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
+def kill_tagged(var: str, tag: str, wait_s: float = 10.0) -> int:
+    """SIGKILL every process (this one aside) whose environment has ``var=tag``: a run and what it
+    started (Ray's workers inherit the variable). Waits up to ``wait_s`` until they are gone, since
+    their GPU memory goes back only as they exit. Returns how many there were."""
+    import signal
+
+    want, me = f"{var}={tag}".encode(), os.getpid()
+    killed = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.name) != me and want in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(proc)
+        except (OSError, ValueError):
+            continue
+    end, left = time.time() + wait_s, killed
+    while left and time.time() < end:
+        time.sleep(0.05)
+        left = [proc for proc in left if _running(proc)]
+    return len(killed)
+
+
+def _running(proc: Path) -> bool:
+    """Not yet gone: a killed child stays a zombie (state Z) until its parent reaps it."""
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def free_port() -> int:
     import socket
 

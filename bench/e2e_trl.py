@@ -65,6 +65,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from bench.common import kill_tagged
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = "grpo_qwen05_random_1xh200"
 GOAL = 2.0  # our step at least this many times faster than TRL's (issue: GPU speed)
@@ -587,22 +589,6 @@ def child_env(extra: dict) -> dict:
     return env
 
 
-def kill_tag(tag: str) -> int:
-    """End the processes this side started (Ray's included): they carry its tag in their environment."""
-    n = 0
-    me = os.getpid()
-    for p in Path("/proc").glob("[0-9]*"):
-        try:
-            if int(p.name) == me:
-                continue
-            if f"E2E_SIDE_TAG={tag}".encode() in (p / "environ").read_bytes().split(b"\0"):
-                os.kill(int(p.name), signal.SIGKILL)
-                n += 1
-        except (OSError, ValueError):
-            pass
-    return n
-
-
 def run_side(label: str, cmd: list[str], env: dict, timeout: float, log_path: Path,
              done: Optional[Any] = None, grace: float = 3.0) -> dict:
     """Run a side's process with its output streamed (prefixed) and saved; stop it on timeout or
@@ -644,7 +630,7 @@ def run_side(label: str, cmd: list[str], env: dict, timeout: float, log_path: Pa
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
-    killed = kill_tag(tag)
+    killed = kill_tagged("E2E_SIDE_TAG", tag)
     try:
         p.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -31,6 +31,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+from bench.common import kill_tagged
+from rlhf import storage
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("RLHF_GPU_MODELS", "/tmp/rlhf-gpu/models"))
@@ -75,7 +79,6 @@ ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS
 MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
 # below this much free disk, model dirs that no later cell of the run needs are deleted (a 7B one is 15 GB)
 LOW_DISK_GB = 60
-LOGS: dict = {"dir": None}  # where each run's whole output is kept (beside the results file)
 
 
 def say(msg: str) -> None:
@@ -105,9 +108,11 @@ def supervised_data(kind: str) -> list[str]:
 
 def plan_cli(args: list[str]) -> tuple[int, str]:
     """``rlhf-run <args> --plan`` in this process: what a subprocess prints, without its 15 s of
-    imports per call (the plan touches no GPU: it is arithmetic on the spec)."""
+    imports per call (the plan touches no GPU: it is arithmetic on the spec). An exception the CLI
+    lets out is exit code 1 with its traceback, as a subprocess would show it."""
     import contextlib
     import io
+    import traceback
 
     from rlhf import cli
 
@@ -115,47 +120,37 @@ def plan_cli(args: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         try:
             rc = cli.main([*args, "--plan"])
-        except SystemExit as e:  # noqa: PERF203 - argparse's own exits
+        except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 1
+        except Exception:  # noqa: BLE001 - one cell's broken plan must not end the matrix
+            traceback.print_exc()
+            rc = 1
     return rc, buf.getvalue()
 
 
-def run_cli(args: list[str], timeout: float) -> tuple[int, str, float]:
+def run_cli(args: list[str], timeout: float, log: Optional[Path] = None) -> tuple[int, str, float]:
     """``rlhf-run <args>`` in a subprocess: (exit code, its output, seconds); 124 at the timeout.
+    The whole output goes to ``log`` when given (a failure's cause is rarely in its last lines).
     Every process the run started (its Ray cluster's included) is ended after it returns, found by
     a tag in its environment: a run killed at its timeout must not hold GPU memory in the next cell."""
     t = time.time()
     tag = f"{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, "RLHF_MATRIX_RUN": tag}
     try:
         r = subprocess.run([sys.executable, "-m", "rlhf.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                           timeout=timeout, env=env)
-        return r.returncode, r.stdout + r.stderr, time.time() - t
+                           timeout=timeout, env={**os.environ, "RLHF_MATRIX_RUN": tag})
+        rc, out = r.returncode, r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return 124, out, time.time() - t
+        rc, out = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
     finally:
-        if kill_tagged(tag):
-            time.sleep(3)  # the GPU memory of killed processes goes back asynchronously
-
-
-def kill_tagged(tag: str) -> int:
-    """SIGKILL every process whose environment has ``RLHF_MATRIX_RUN=tag``; how many there were."""
-    want = f"RLHF_MATRIX_RUN={tag}".encode()
-    n = 0
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if want in (proc / "environ").read_bytes().split(b"\0"):
-                os.kill(int(proc.name), 9)
-                n += 1
-        except (OSError, ValueError):
-            continue
-    return n
+        kill_tagged("RLHF_MATRIX_RUN", tag)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(out[-400_000:])
+    return rc, out, time.time() - t
 
 
 def free_gb(path: Path) -> float:
-    p = next(q for q in [path, *path.parents] if q.exists())
-    return round(shutil.disk_usage(p).free / 1e9, 1)
+    return round((storage.free_bytes(path) or 0) / 1e9, 1)
 
 
 def free_models(keep: set[str]) -> None:
@@ -169,7 +164,10 @@ def free_models(keep: set[str]) -> None:
             say(f"deleted {d} ({free_gb(MODELS)} GB free now)")
 
 
-def run_cell(name: str, deadline: float) -> dict:
+def run_cell(name: str, deadline: float, logs: Optional[Path] = None) -> dict:
+    """Plan cell ``name``, then run it, or check its refusal and run the plan's fix (module doc).
+    ``logs``: the folder for each run's whole output (``<cell>.log``, ``<cell>.refused.log``,
+    ``<cell>.suggested.log``)."""
     preset, overrides = CELLS[name]
     path = model_dir(preset)
     out_dir = RUNS / name
@@ -181,8 +179,8 @@ def run_cell(name: str, deadline: float) -> dict:
                  "disk_free_gb": free_gb(RUNS.parent)}
     text = plan_into(rec, args)
     if rec["plan_fits"]:
-        return run_fitting(rec, args, out_dir, deadline, name)
-    rc, out, dt = run_cli(args, 120)
+        return run_fitting(rec, args, out_dir, deadline, logs and logs / f"{name}.log")
+    rc, out, dt = run_cli(args, 120, logs and logs / f"{name}.refused.log")
     rec.update(run_rc=rc, run_s=round(dt, 1), refused_before_start=rc == 2 and "Started a local Ray" not in out,
                last_line=out.strip().splitlines()[-1][:300] if out.strip() else "")
     # the plan's own fix, when this machine can run it (not another hardware): it must fit and run
@@ -192,7 +190,7 @@ def run_cell(name: str, deadline: float) -> dict:
         sub: dict = {"overrides": fix}
         plan_into(sub, args + fix)
         if sub["plan_fits"]:
-            run_fitting(sub, args + fix, out_dir, deadline, f"{name}.suggested")
+            run_fitting(sub, args + fix, out_dir, deadline, logs and logs / f"{name}.suggested.log")
         rec["suggested_run"] = sub
     return rec
 
@@ -214,15 +212,12 @@ def suggested_fix(plan_text: str) -> list[str]:
     return m.group(1).split() if m else []
 
 
-def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log_name: str = "") -> dict:
+def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log: Optional[Path] = None) -> dict:
     """Run a cell the plan calls fitting: exit code, step time, peaks against the plan, export."""
     shutil.rmtree(out_dir, ignore_errors=True)
     left = deadline - time.time()
-    rc, text, dt = run_cli(args, max(left, 60))
+    rc, text, dt = run_cli(args, max(left, 60), log)
     rec.update(run_rc=rc, run_s=round(dt, 1), last_lines=text.strip().splitlines()[-3:])
-    if LOGS["dir"] is not None and log_name:  # the whole output: a failure's cause is rarely in its last lines
-        LOGS["dir"].mkdir(parents=True, exist_ok=True)
-        (LOGS["dir"] / f"{log_name}.log").write_text(text[-400_000:])
     metrics = out_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     if rows:
@@ -294,20 +289,20 @@ def main(argv=None) -> int:
     if results.exists() and not a.redo:
         done = {json.loads(x)["cell"] for x in results.read_text().splitlines() if x.strip()}
     names = [n for n in (a.cells.split(",") if a.cells else CELLS) if n]
-    LOGS["dir"] = results.parent / "cell_logs"
+    unknown = [n for n in names if n not in CELLS]
+    if unknown:  # before any cell spends GPU time
+        print(f"unknown cell(s) {', '.join(map(repr, unknown))}; --list shows them", file=sys.stderr)
+        return 2
+    for n in (n for n in names if n in done):
+        say(f"{n}: done earlier (--redo runs it again)")
+    names = [n for n in names if n not in done]
     for i, n in enumerate(names):
-        if n not in CELLS:
-            print(f"unknown cell {n!r}; --list shows them", file=sys.stderr)
-            return 2
-        if n in done:
-            say(f"{n}: done earlier (--redo runs it again)")
-            continue
         if time.time() > deadline - 90:
             say(f"{n}: skipped, budget spent")
             continue
         say(f"{n}: start")
-        free_models({CELLS[m][0] for m in names[i:] if m in CELLS})
-        rec = run_cell(n, deadline)
+        free_models({CELLS[m][0] for m in names[i:]})
+        rec = run_cell(n, deadline, results.parent / "cell_logs")
         results.parent.mkdir(parents=True, exist_ok=True)
         with open(results, "a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -91,7 +91,7 @@ def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path,
              {"memory/train_peak_reserved_gib": 25.0, "memory/train_peak_allocated_gib": 22.0,
               "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0}]
 
-    def fake_cli(args, timeout):
+    def fake_cli(args, timeout, log=None):
         out_dir.mkdir(exist_ok=True)
         (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
         return 0, "done", 1.0
@@ -106,15 +106,38 @@ def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path,
     assert rec["train_allocated_over_plan"] == pytest.approx(22 * gib / 50, abs=0.001)
 
 
-def test_a_cells_whole_output_is_kept_beside_the_results(tmp_path, monkeypatch):
+def test_a_runs_whole_output_is_kept(tmp_path, monkeypatch):
+    import subprocess
+
     import bench.matrix as matrix
 
     text = "start\n" + "the cause, far from the end\n" + "noise\n" * 50
-    monkeypatch.setattr(matrix, "run_cli", lambda args, timeout: (124, text, 1.0))
-    monkeypatch.setitem(matrix.LOGS, "dir", tmp_path / "cell_logs")
-    rec = matrix.run_fitting({"plan": {}, "plan_lines": []}, [], tmp_path / "cell", deadline=1e12, log_name="c1")
-    assert rec["run_rc"] == 124 and "the cause" not in " ".join(rec["last_lines"])
+    monkeypatch.setattr(matrix.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, stdout=text, stderr=""))
+    rec = matrix.run_fitting({"plan": {}, "plan_lines": []}, [], tmp_path / "cell", deadline=1e12,
+                             log=tmp_path / "cell_logs" / "c1.log")
+    assert rec["run_rc"] == 1 and "the cause" not in " ".join(rec["last_lines"])
     assert "the cause, far from the end" in (tmp_path / "cell_logs" / "c1.log").read_text()
+
+
+def test_a_plan_that_raises_is_exit_code_1_with_its_traceback(monkeypatch):
+    import bench.matrix as matrix
+    from rlhf import cli
+
+    def broken(argv):
+        raise RuntimeError("a bug in the plan")
+
+    monkeypatch.setattr(cli, "main", broken)
+    rc, text = matrix.plan_cli(["model=x"])
+    assert rc == 1 and "RuntimeError: a bug in the plan" in text
+
+
+def test_unknown_cells_stop_the_matrix_before_any_cell_runs(tmp_path, monkeypatch, capsys):
+    import bench.matrix as matrix
+
+    monkeypatch.setattr(matrix, "run_cell", lambda *a, **k: pytest.fail("a cell ran"))
+    assert matrix.main(["--cells", "05b-grpo,no-such-cell", "--results", str(tmp_path / "m.jsonl")]) == 2
+    assert "'no-such-cell'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("free,deleted", [(100.0, set()), (20.0, {"qwen2.5-7b-random"})])
@@ -130,24 +153,24 @@ def test_model_dirs_no_later_cell_needs_go_when_the_disk_runs_low(tmp_path, monk
 
 
 def test_what_a_run_leaves_running_is_ended_by_its_tag():
-    """A process that carries the run's tag (as a Ray worker inherits it) is gone after kill_tagged;
-    one without it is not touched."""
+    """A process that carries the run's tag (as a Ray worker inherits it) is gone after kill_tagged
+    returns; one with another tag is not touched."""
     import os
     import subprocess
     import sys
+    import time
+    import uuid
 
-    import bench.matrix as matrix
+    from bench.common import kill_tagged
 
-    tagged = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, "RLHF_MATRIX_RUN": "t-1"})
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**os.environ, "RLHF_MATRIX_RUN": "t-2"})
+    mine, theirs = uuid.uuid4().hex, uuid.uuid4().hex
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    tagged = subprocess.Popen(sleep, env={**os.environ, "RLHF_MATRIX_RUN": mine})
+    other = subprocess.Popen(sleep, env={**os.environ, "RLHF_MATRIX_RUN": theirs})
     try:
-        import time
-
         end, killed = time.time() + 10, 0
         while not killed and time.time() < end:  # until the child has exec'd with its own environment
-            killed = matrix.kill_tagged("t-1")
+            killed = kill_tagged("RLHF_MATRIX_RUN", mine)
             time.sleep(0.02)
         assert killed == 1
         assert tagged.wait(timeout=10) == -9
