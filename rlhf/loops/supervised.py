@@ -38,6 +38,7 @@ from rlhf.data.files import Records, load_files, split_eval
 from rlhf.quoting import resume_command
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
+from rlhf.workers.schedule import combine_ranks
 from rlhf.workers.train import PolicyWorker
 
 MB = dict[str, torch.Tensor]
@@ -227,14 +228,6 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
     return str(final / "hf")
 
 
-def memory_peaks(cluster: Any) -> dict[str, float]:
-    """The actor's GPU memory peaks since the last call, the largest over its ranks
-    (``Worker.memory_peaks``). (DPO's reference has done its passes and gone before training.)"""
-    from rlhf.workers.schedule import combine_ranks
-
-    return combine_ranks(cluster.actor.call(PolicyWorker.memory_peaks))
-
-
 def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
@@ -363,30 +356,25 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
     try:
-        cuda = spec.device == "cuda"
         if before is None:
             before = evaluate()
             log.eval(0, before, "before training")
-        if cuda:  # a step's peaks are its own: the evaluation's are left out
-            memory_peaks(cluster)
         after = after or before
         orders: dict[int, list[int]] = {}
         for step in range(start, n_steps):
             epoch, k = divmod(step, steps_per_epoch)
             order = orders.setdefault(epoch, epoch_order(n_units, spec.train.seed, epoch))
             units = order[k * G:(k + 1) * G]
-            stats = add_sums(cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective))
-            m = step_metrics(stats)
-            if cuda:  # the allocator's figures exist only there
-                m.update(memory_peaks(cluster))
+            ranks = cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective)
+            peaks = [{k: r.pop(k) for k in list(r) if k.startswith("memory/")} for r in ranks]  # CUDA only
+            m = step_metrics(add_sums(ranks))
+            m.update(combine_ranks(peaks))  # the largest rank's: a rank runs out of memory on its own peak
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)
             done = step + 1
             if done % steps_per_epoch == 0:
                 after = evaluate()
                 log.eval(done, after, f"epoch {epoch + 1}/{spec.algo.epochs}")
-                if cuda:
-                    memory_peaks(cluster)
             stopping = stop.requested and done < n_steps  # a signal came during this step
             if ckpt.due(done, n_steps) or (stopping and ckpt.last_saved != done):
                 state = {"step": done, "history": list(log.history), "before": before, "after": after}

@@ -407,10 +407,12 @@ class PolicyWorker(TrainedWorker):
         """One optimizer step of a supervised loop: ``loss, stats = objective(model, mb)`` on each
         of this rank's micro-batches (exactly ``spec.batch.grad_accum`` of them), backward, step.
         Losses arrive already scaled for the global batch (``mb["loss_scale"]``). Returns the
-        summed stats plus ``grad_norm`` and ``lr``."""
+        summed stats plus ``grad_norm``, ``lr`` and, on CUDA, this step's memory peaks
+        (``memory_peaks``: ``memory/*``)."""
         if len(micro_batches) != self.engine.gradient_accumulation_steps():
             raise ValueError(f"train_step got {len(micro_batches)} micro-batches; DeepSpeed accumulates "
                              f"{self.engine.gradient_accumulation_steps()} per optimizer step")
+        self.memory_peaks()  # restart the counters: the step's peaks are its own, not an evaluation's or a save's
         self.engine.train()
         module = self.engine.module
         stats = _StatSums()  # the objectives' tensors summed on the device, read once after the loop
@@ -424,7 +426,7 @@ class PolicyWorker(TrainedWorker):
         gn = self.last_grad_norm
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
-        return sums
+        return {**sums, **self.memory_peaks()}
 
     def save_hf(self, path: str) -> Optional[str]:
         """Write the model (full weights, gathered under ZeRO-3) and its tokenizer in HF format to

@@ -66,26 +66,22 @@ def test_signal_finishes_the_step_checkpoints_it_and_stops(tmp_path, monkeypatch
 
 
 class _PeakActor:
-    """Two ranks; each train step raises rank 1's allocator peak, each evaluation raises it more."""
+    """Two ranks, as PolicyWorker.train_step returns them on CUDA: its stats and its step's peaks
+    (rank 1's grows by one each step)."""
 
     def __init__(self):
-        self.peak, self.steps = 0.0, 0
+        self.steps = 0
 
     def scatter(self, method, shards, objective):
+        assert method.__name__ == "train_step"
         self.steps += 1
-        self.peak = max(self.peak, float(self.steps))
-        return [{"loss": 1.0, "n": 1.0}]
-
-    def call(self, method):
-        assert method.__name__ == "memory_peaks"
-        out = [{"memory/train_peak_reserved_gib": 0.5}, {"memory/train_peak_reserved_gib": self.peak}]
-        self.peak = 0.0  # the counters restart at every read
-        return out
+        return [{"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": 0.5},
+                {"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": float(self.steps)}]
 
 
 def test_supervised_steps_log_their_own_memory_peaks_on_cuda(tmp_path, monkeypatch):
-    """On CUDA every step logs the largest rank's peak since the step before; the evaluations'
-    passes (here: a peak of 100) are not counted in any step."""
+    """Every step logs the largest rank's peak of that step, and the stats summed over ranks
+    without them (the worker leaves out what ran between steps: test_memory_peaks)."""
     import dataclasses
     import json
 
@@ -102,14 +98,14 @@ def test_supervised_steps_log_their_own_memory_peaks_on_cuda(tmp_path, monkeypat
     actor = _PeakActor()
 
     def evaluate():
-        actor.peak = 100.0
         return {"eval/loss": 1.0}
 
     console = SimpleNamespace(print=lambda *a, **k: None, step=lambda *a, **k: None)
     supervised.train_epochs(spec, SimpleNamespace(actor=actor), SimpleNamespace(log=lambda *a, **k: None), console,
                             str(tmp_path), n_units=8, steps_per_epoch=2, shards_of=lambda units: [units], objective=None,
-                            step_metrics=lambda stats: {"train/loss": 1.0}, evaluate=evaluate)
+                            step_metrics=lambda stats: {"train/loss": stats["loss"]}, evaluate=evaluate)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/loss"] == 2.0 for r in rows if "train/loss" in r)  # summed over the two ranks
     peaks = [r["memory/train_peak_reserved_gib"] for r in rows if "train/loss" in r]
-    # step k's own peak is k; an evaluation's 100 would show in the step after it if it were counted
+    # step k's largest rank's peak is k (a sum over ranks would be k + 0.5)
     assert peaks == [float(k) for k in range(1, 2 * spec.algo.epochs + 1)]

@@ -84,3 +84,27 @@ def test_set_up_ends_by_giving_its_cached_blocks_back(monkeypatch):
     w.release_cuda_cache = lambda: calls.append("release") or {}
     w.init_distributed("127.0.0.1", 12345)
     assert calls == ["setup", "release"]
+
+
+def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
+    """train_step restarts the counters first: what ran before it (an evaluation, a checkpoint
+    save) is not in the peaks it returns with its stats."""
+    from types import SimpleNamespace
+
+    fake = FakeCuda()
+    monkeypatch.setattr(torch, "cuda", fake)
+    w = bare(PolicyWorker, "cuda", "actor")
+    w.engine = SimpleNamespace(gradient_accumulation_steps=lambda: 1, train=lambda: None, module=None,
+                               backward=lambda loss, scale_wrt_gas: None)
+    w.scheduler = SimpleNamespace(get_last_lr=lambda: [0.1])
+    w._step = lambda: None
+
+    def run_fn(objective, module, mb):  # the step's own passes reach 7 GiB (a peak only grows)
+        fake.reserved, fake.allocated = max(fake.reserved, 7 * GIB), max(fake.allocated, 6 * GIB)
+        return torch.tensor(1.0), {}
+
+    w._run_fn = run_fn
+    fake.reserved, fake.allocated = 100 * GIB, 90 * GIB  # an evaluation before the step
+    out = w.train_step([{}], objective=None)
+    assert out["memory/train_peak_reserved_gib"] == 7.0 and out["memory/train_peak_allocated_gib"] == 6.0
+    assert out["lr"] == 0.1
