@@ -123,7 +123,7 @@ def _sizes(parts: dict[str, float], unit: float) -> str:
 
 
 def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> str:
-    """``disk at <run dir>: <n> checkpoint(s) × (parts) + final export (parts) = X GB of Y GB free``
+    """``disk at <run dir> (output_dir | hydra.run.dir): <n> checkpoint(s) × (parts) + final export (parts) = X GB of Y GB free``
     (MB where the need is under a GB: the CPU runs)."""
     unit, name = (memory.GB, "GB") if need.total >= 1 else (1e6, "MB")
     n = need.checkpoints
@@ -131,7 +131,8 @@ def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> s
     if need.final:
         text += f" + final export ({_sizes(need.final, unit)})"
     free = f"of {_amount(available / memory.GB)} free" if available is not None else "(free space unknown)"
-    return f"disk at {spec.run_dir} (output_dir): {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
+    where = f"{spec.run_dir} ({'output_dir' if spec.output_dir else 'hydra.run.dir'})"
+    return f"disk at {where}: {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
 
 
 def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> Optional[str]:

@@ -198,6 +198,18 @@ def test_plan_with_room_prints_the_line_and_fits(real_disk, monkeypatch, capsys,
     assert not _disk_refusal(out) and out.rstrip().endswith("✓ fits")
 
 
+def test_plan_measures_the_run_dir_a_run_would_get(real_disk, monkeypatch, capsys, tmp_path):
+    """Without output_dir the plan measures hydra.run.dir (the dir the run would write to), not
+    some default, and does not create it."""
+    seen = []
+    monkeypatch.setattr(storage, "free_bytes", lambda path: seen.append(Path(path)) or 7 * GB)
+    where = tmp_path / "elsewhere" / "run"
+    out = _plan(capsys, ["train.steps=2", f"hydra.run.dir={where}"])
+    line = next(ln for ln in out.splitlines() if ln.startswith("disk at "))
+    assert line.startswith(f"disk at {where} (hydra.run.dir): ") and line.endswith(" of 7.0 GB free"), line
+    assert seen == [where] and not where.parent.exists()
+
+
 @pytest.mark.parametrize("free,extra", [
     (30, ["checkpoint.every=2", "train.steps=2"]),  # the GPU machine's cell
     (70, ["checkpoint.every=1", "train.steps=4"]),  # four saves, three alive at once
