@@ -159,8 +159,12 @@ LORA_RANK = 16  # as the memory advice suggests it (rlhf.spec.advice)
 
 
 def _candidates(spec: RunSpec) -> list[list[str]]:
-    """Settings that write less, the smallest change first (unchecked): each checkpoint setting
-    that lowers the need alone, those added up, and LoRA (with them)."""
+    """Settings that write less (unchecked): every combination of the checkpoint settings that
+    lower the need alone, the fewest functions lost first: those that keep the intermediate
+    checkpoints before ``checkpoint.every=0`` (which drops them all), smaller before larger; then
+    LoRA (with all of them)."""
+    from itertools import combinations
+
     from rlhf.spec.advice import apply
 
     ck, m = spec.checkpoint, spec.model
@@ -175,8 +179,8 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
         single.append("checkpoint.every=0")
     before = need(spec).total
     single = [s for s in single if (new := apply(spec, [s])) is not None and need(new).total < before]
-    out = [[s] for s in single]
-    out += [single[:k] for k in range(2, len(single) + 1)]  # the same, added up
+    subsets = [list(c) for k in range(1, len(single) + 1) for c in combinations(single, k)]
+    out = sorted(subsets, key=lambda c: ("checkpoint.every=0" in c, len(c)))  # stable: the order above
     if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
         lora = [f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"]
         out += [lora, single + lora] if single else [lora]

@@ -233,6 +233,19 @@ def test_small_disk_refuses_and_every_suggestion_fits_when_planned_again(real_di
         assert any(all(o.startswith("checkpoint.") for o in t) for t in tips), tips
 
 
+def test_dropping_the_intermediate_checkpoints_is_the_last_resort(real_disk, monkeypatch, capsys):
+    """Four saves of the PPO cell (49.4 GB each): checkpoint.every=0 alone fits 95 GB (55.6 GB),
+    but so do keep_last=1 with save_hf=false (two checkpoints of 43.2 GB), which keep a checkpoint
+    to resume from: that pair is named first and is the setting that fits."""
+    _free(monkeypatch, 95)
+    out = _plan(capsys, [*PPO, "checkpoint.every=1", "train.steps=4"])
+    tips = _disk_tips(out)
+    pair = ["checkpoint.keep_last=1", "checkpoint.save_hf=false"]
+    assert tips and tips[0] == pair and ["checkpoint.every=0"] in tips, out
+    fix = re.search(r"^→ a setting that fits: (.+)$", out, flags=re.M)
+    assert fix and fix.group(1).split() == pair, out
+
+
 def test_only_settings_that_fit_are_suggested(real_disk, monkeypatch, capsys):
     """At 1 GB free nothing but another disk does: no setting is offered, and no fix named."""
     _free(monkeypatch, 1)
