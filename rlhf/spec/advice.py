@@ -128,6 +128,16 @@ def _check(spec: RunSpec, name: str, overrides: Sequence[str]) -> Optional[Sugge
     return Suggestion(tuple(overrides), new, total, ok)
 
 
+def lora_overrides(spec: RunSpec) -> Optional[list[str]]:
+    """The overrides that train LoRA adapters (rank LORA_RANK, alpha twice it) instead of every
+    weight; None when LoRA is on already or the algo kind takes none (``validate.LORA_KINDS``)."""
+    from rlhf.spec.validate import LORA_KINDS
+
+    if spec.model.lora.rank > 0 or spec.algo.kind not in LORA_KINDS:
+        return None
+    return [f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"]
+
+
 def _hardware(spec: RunSpec, nodes: int, per_node: int) -> list[str]:
     """Overrides for ``nodes`` × ``per_node`` of the same GPUs: a shipped hardware option, else keys."""
     hw = spec.hardware
@@ -160,8 +170,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             out.append(["train.offload_optimizer=auto"])  # auto offloads only what the host holds
         if pl.offload_train_state is True and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=false"])
-        if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-            out.append([f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"])
+        if lora_overrides(spec):
+            out.append(lora_overrides(spec))
         total = spec.layout.total_devices
         for n in (2 * total, 4 * total, 8 * total):
             out.append(_more_devices(spec, n) + ["#devices"])
@@ -180,8 +190,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
                 k //= 2
                 out.append([f"train.max_tokens_per_micro_batch={max(k, 1) * seq}", "#budget"])
-        if name in ("training phase", "actor") and m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-            out.append([f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"])
+        if name in ("training phase", "actor") and lora_overrides(spec):
+            out.append(lora_overrides(spec))
         total = spec.layout.total_devices
         need = max(min_gpus(spec, est, name), 2 * total)
         target = 1 << (need - 1).bit_length()

@@ -59,9 +59,9 @@ class DiskNeed:
 
 def trained_params(spec: RunSpec) -> dict[str, tuple[int, int]]:
     """``{role: (trained parameters, parameters of its HF export)}`` for the roles a checkpoint
-    saves: the actor (in algo=rm a reward model: a value head, no LM head; its LoRA adapters
-    alone when model.lora is set) and PPO's critic (every weight). Frozen models (reference, reward) are not
-    saved."""
+    saves: the actor (in algo=rm a reward model: a value head, no LM head; with model.lora, which
+    only the causal-LM kinds take, its adapters alone) and PPO's critic (every weight). Frozen models
+    (reference, reward) are not saved."""
     m = spec.model
     full = param_count(m, with_lm_head=spec.algo.kind != "rm")
     out = {"actor": (lora_param_count(m) or full, full)}
@@ -155,8 +155,6 @@ def available_bytes(spec: RunSpec) -> Optional[int]:
 
 # ----------------------------------------------------------------------------- advice
 
-LORA_RANK = 16  # as the memory advice suggests it (rlhf.spec.advice)
-
 
 def _candidates(spec: RunSpec) -> list[list[str]]:
     """Settings that write less (unchecked): every combination of the checkpoint settings that
@@ -165,9 +163,9 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
     LoRA (with all of them)."""
     from itertools import combinations
 
-    from rlhf.spec.advice import apply
+    from rlhf.spec.advice import apply, lora_overrides
 
-    ck, m = spec.checkpoint, spec.model
+    ck = spec.checkpoint
     single = []
     if ck.keep_last > 1:
         single.append("checkpoint.keep_last=1")
@@ -181,8 +179,8 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
     single = [s for s in single if (new := apply(spec, [s])) is not None and need(new).total < before]
     subsets = [list(c) for k in range(1, len(single) + 1) for c in combinations(single, k)]
     out = sorted(subsets, key=lambda c: ("checkpoint.every=0" in c, len(c)))  # stable: the order above
-    if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-        lora = [f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"]
+    lora = lora_overrides(spec)
+    if lora:
         out += [lora, single + lora] if single else [lora]
     return out
 

@@ -111,3 +111,20 @@ def test_70b_loading_does_not_fit_the_host(capsys):
     out = plan(capsys, ["model=llama3-70b", "hardware=8xh100"])
     assert re.search(r"✗ does not fit: the host memory needs ~\d+ GB per node \(most of it model loading", out)
     assert out.rstrip().endswith("✗ does not fit (see above)")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["algo=grpo"], ["model.lora.rank=16", "model.lora.alpha=32"]),
+    (["algo=sft"], ["model.lora.rank=16", "model.lora.alpha=32"]),
+    (["algo=grpo", "model.lora.rank=8"], None),  # on already
+    (["algo=rm"], None),  # a reward model takes no adapters (validate.LORA_KINDS)
+])
+def test_lora_is_suggested_only_where_it_builds(argv, expected):
+    from rlhf.spec.advice import apply, lora_overrides
+    from tests.helpers import planned_spec
+
+    spec = planned_spec(argv)
+    assert lora_overrides(spec) == expected
+    lora = ["model.lora.rank=16", "model.lora.alpha=32"]
+    if expected or spec.model.lora.rank == 0:  # where it is not offered, it would not build
+        assert (apply(spec, lora) is not None) == bool(expected)
