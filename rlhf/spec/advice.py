@@ -251,27 +251,35 @@ def suggestions(spec: RunSpec, est: Estimate, name: str) -> list[Suggestion]:
     return out
 
 
-def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[str, ...]]:
-    """Overrides that make every figure fit, picked from ``suggestions`` one failing figure at a
-    time (first one that makes the whole plan fit, else that figure, else the most saving); None
-    when none is found."""
-    applied: dict[str, str] = {}
+def merge_overrides(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
+    """``a`` and then ``b`` as one list of overrides: a key of ``b`` replaces the same key of ``a``
+    (moved last), a hardware option (``hardware=<option>``) every hardware key of ``a``."""
+    merged = dict(o.split("=", 1) for o in a)
+    for ov in b:
+        key, value = ov.split("=", 1)
+        if key == "hardware":
+            merged = {k: v for k, v in merged.items() if not k.startswith("hardware")}
+        merged.pop(key, None)
+        merged[key] = value
+    return tuple(f"{k}={v}" for k, v in merged.items())
+
+
+def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[tuple[str, ...], RunSpec]]:
+    """``(overrides, the spec built with them)`` that make every figure fit, picked from
+    ``suggestions`` one failing figure at a time (first one that makes the whole plan fit, else
+    that figure, else the most saving); None when none is found."""
+    applied: tuple[str, ...] = ()
     cur = spec
     for _ in range(rounds):
         est = estimate(cur)
         failing = list(over_limit(cur, est))
         if not failing:
-            return tuple(f"{k}={v}" for k, v in applied.items())
+            return applied, cur
         options = suggestions(cur, est, failing[0])
         if not options:
             return None
         pick = (next((s for s in options if fits(s.spec)), None) or next((s for s in options if s.fits), None)
                 or min(options, key=lambda s: s.total))
-        for ov in pick.overrides:
-            key, value = ov.split("=", 1)
-            if key == "hardware":  # a hardware option replaces earlier hardware.* keys
-                applied = {k: v for k, v in applied.items() if not k.startswith("hardware")}
-            applied.pop(key, None)
-            applied[key] = value
+        applied = merge_overrides(applied, pick.overrides)
         cur = pick.spec
     return None

@@ -133,11 +133,11 @@ def need(spec: RunSpec) -> DiskNeed:
     return DiskNeed(one, writing, {}, n)
 
 
-def over(spec: RunSpec, available: Optional[int], est: Optional[DiskNeed] = None) -> bool:
-    """The run needs more than DISK_FIT_MARGIN of ``available`` bytes (unknown: it fits)."""
+def over(est: DiskNeed, available: Optional[int]) -> bool:
+    """``est`` is more than DISK_FIT_MARGIN of ``available`` bytes (unknown: it fits)."""
     if available is None:
         return False
-    return (est or need(spec)).total * GB > DISK_FIT_MARGIN * available
+    return est.total * GB > DISK_FIT_MARGIN * available
 
 
 def available_bytes(spec: RunSpec) -> Optional[int]:
@@ -199,8 +199,11 @@ def suggestions(spec: RunSpec, available: int) -> list[tuple[tuple[str, ...], fl
         if any(set(prev) <= set(cand) for prev, _ in out):
             continue  # a part of it fits already
         new = apply(spec, cand)
-        if new is None or over(new, available) or not set(over_limit(new, estimate(new))) <= was_over:
+        if new is None:
             continue
-        out.append((tuple(cand), need(new).total))
+        est = need(new)
+        if over(est, available) or not set(over_limit(new, estimate(new))) <= was_over:
+            continue
+        out.append((tuple(cand), est.total))
     return out
 

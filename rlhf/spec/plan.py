@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.spec.advice import apply, setting_that_fits, suggestions
+from rlhf.spec.advice import merge_overrides, setting_that_fits, suggestions
 from rlhf.spec import disk, memory
 from rlhf.spec.memory import (
     HOST,
@@ -135,41 +135,40 @@ def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> s
     return f"disk at {where}: {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
 
 
-def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> Optional[str]:
+def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int],
+                 tips: Optional[list[tuple[tuple[str, ...], float]]] = None) -> Optional[str]:
     """The "✗ does not fit" line of a run whose checkpoints and export need more than
-    DISK_FIT_MARGIN of the space free under its output_dir, with settings checked to fit; else None."""
-    if available is None or not disk.over(spec, available, need):
+    DISK_FIT_MARGIN of the space free under its output_dir, with settings checked to fit (``tips``:
+    ``disk.suggestions`` of the spec, when computed already); else None."""
+    if not disk.over(need, available):
         return None
     what = f"{need.checkpoints} checkpoint{'s' if need.checkpoints > 1 else ''} of {_amount(need.per_checkpoint)}"
     if need.final:
         what += f" and the final export of {_amount(sum(need.final.values()))}"
-    tips = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in disk.suggestions(spec, available))
+    if tips is None:
+        tips = disk.suggestions(spec, available)
+    tried = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in tips)
     return (f"✗ does not fit: the disk at {spec.run_dir} needs ~{_amount(need.total)} ({what}), "
             f"{_amount(available / memory.GB)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
             f"Give output_dir= a path on a disk with ≥ {_amount(need.total / disk.DISK_FIT_MARGIN, up=True)} free"
-            + (f", or set {tips}." if tips else "."))
+            + (f", or set {tried}." if tried else "."))
 
 
-def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int]) -> Optional[tuple[str, ...]]:
-    """Overrides that make every GPU figure (``setting_that_fits``) and then the disk fit
-    (``disk.suggestions`` of the spec with them); None when none is found."""
-    fix = () if fits(spec, est) else setting_that_fits(spec)
-    if fix is None:
-        return None
-    cur = apply(spec, fix) if fix else spec
-    if cur is None:
-        return None
-    if available is None or not disk.over(cur, available):
+def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int],
+                    tips: Optional[list[tuple[tuple[str, ...], float]]]) -> Optional[tuple[str, ...]]:
+    """Overrides that make every GPU figure (``setting_that_fits``) and then the disk fit: ``tips``
+    (the spec's ``disk.suggestions``; None where its disk fits) when the GPU figures fit as they
+    are, else the suggestions for the spec with the GPU fix. None when none is found."""
+    fix: tuple[str, ...] = ()
+    if not fits(spec, est):
+        found = setting_that_fits(spec)
+        if found is None:
+            return None
+        fix, cur = found
+        tips = disk.suggestions(cur, available) if disk.over(disk.need(cur), available) else None
+    if tips is None:
         return fix
-    tips = disk.suggestions(cur, available)
-    if not tips:
-        return None
-    merged = dict(o.split("=", 1) for o in fix)
-    for o in tips[0][0]:
-        key, value = o.split("=", 1)
-        merged.pop(key, None)
-        merged[key] = value
-    return tuple(f"{k}={v}" for k, v in merged.items())
+    return merge_overrides(fix, tips[0][0]) if tips else None
 
 
 def _decisions(spec: RunSpec) -> list[str]:
@@ -282,12 +281,13 @@ def render_plan(spec: RunSpec) -> str:
     need, available = disk.need(spec), disk.available_bytes(spec)
     lines.append(disk_line(spec, need, available))
     lines.extend(warnings(spec, est))
-    on_disk = disk_warning(spec, need, available)
+    tips = disk.suggestions(spec, available) if disk.over(need, available) else None
+    on_disk = disk_warning(spec, need, available, tips)
     if on_disk:
         lines.append(on_disk)
     ok = fits(spec, est) and on_disk is None
     if not ok:
-        fix = fitting_setting(spec, est, available)
+        fix = fitting_setting(spec, est, available, tips)
         if fix:
             lines.append(f"→ a setting that fits: {' '.join(fix)}")
     if gpu or not ok:

@@ -128,3 +128,13 @@ def test_lora_is_suggested_only_where_it_builds(argv, expected):
     lora = ["model.lora.rank=16", "model.lora.alpha=32"]
     if expected or spec.model.lora.rank == 0:  # where it is not offered, it would not build
         assert (apply(spec, lora) is not None) == bool(expected)
+
+
+def test_merged_overrides_keep_the_later_value_and_a_hardware_option_replaces_its_keys():
+    from rlhf.spec.advice import merge_overrides
+
+    a = ["hardware.nodes=2", "model.lora.rank=16", "checkpoint.keep_last=1"]
+    assert merge_overrides(a, ["checkpoint.keep_last=3", "checkpoint.save_hf=false"]) == (
+        "hardware.nodes=2", "model.lora.rank=16", "checkpoint.keep_last=3", "checkpoint.save_hf=false")
+    assert merge_overrides(a, ["hardware=8xh100"]) == ("model.lora.rank=16", "checkpoint.keep_last=1",
+                                                      "hardware=8xh100")
