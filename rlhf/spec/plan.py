@@ -28,6 +28,7 @@ from rlhf.spec.memory import (
 )
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.shape import shape_line
+from rlhf.storage import human, unit_of
 
 
 def ranges(devs: tuple[int, ...]) -> str:
@@ -112,27 +113,32 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
     return out
 
 
-def _amount(gb: float, up: bool = False) -> str:
-    """GB as the disk lines print it: "55.6 GB", or MB under a GB; ``up``: rounded up, whole units."""
-    value, unit = (gb, "GB") if gb >= 1 else (gb * 1e3, "MB")
-    return f"{math.ceil(value)} {unit}" if up else f"{value:.1f} {unit}"
+def _amount(gb: float) -> str:
+    """GB as the disk lines print it (``rlhf.storage.human``)."""
+    return human(gb * memory.GB)
 
 
-def _sizes(parts: dict[str, float], unit: float) -> str:
-    return " + ".join(f"{k} {v * memory.GB / unit:.1f}" for k, v in parts.items())
+def _rounded_up(gb: float) -> str:
+    """GB rounded up to a whole number of ``human``'s unit: "≥ 59 GB free"."""
+    unit, size = unit_of(gb * memory.GB)
+    return f"{math.ceil(gb * memory.GB / size)} {unit}"
 
 
 def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> str:
-    """``disk at <run dir> (output_dir | hydra.run.dir): <n> checkpoint(s) × (parts) + final export (parts) = X GB of Y GB free``
-    (MB where the need is under a GB: the CPU runs)."""
-    unit, name = (memory.GB, "GB") if need.total >= 1 else (1e6, "MB")
+    """``disk at <run dir> (output_dir | hydra.run.dir): <n> checkpoint(s) × (parts) + final export
+    (parts) = X GB of Y GB free``, the parts in the unit of the total (MB for the CPU runs)."""
+    size = unit_of(need.total * memory.GB)[1]
+
+    def sizes(parts: dict[str, float]) -> str:
+        return " + ".join(f"{k} {v * memory.GB / size:.1f}" for k, v in parts.items())
+
     n = need.checkpoints
-    text = f"{n} checkpoint{'s ×' if n > 1 else ''} ({_sizes(need.checkpoint, unit)})"
+    text = f"{n} checkpoint{'s ×' if n > 1 else ''} ({sizes(need.checkpoint)})"
     if need.final:
-        text += f" + final export ({_sizes(need.final, unit)})"
-    free = f"of {_amount(available / memory.GB)} free" if available is not None else "(free space unknown)"
+        text += f" + final export ({sizes(need.final)})"
+    free = f"of {human(available)} free" if available is not None else "(free space unknown)"
     where = f"{spec.run_dir} ({'output_dir' if spec.output_dir else 'hydra.run.dir'})"
-    return f"disk at {where}: {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
+    return f"disk at {where}: {text} = {_amount(need.total)} {free}"
 
 
 def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int],
@@ -149,8 +155,8 @@ def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int],
         tips = disk.suggestions(spec, available)
     tried = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in tips)
     return (f"✗ does not fit: the disk at {spec.run_dir} needs ~{_amount(need.total)} ({what}), "
-            f"{_amount(available / memory.GB)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
-            f"Give output_dir= a path on a disk with ≥ {_amount(need.total / disk.DISK_FIT_MARGIN, up=True)} free"
+            f"{human(available)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
+            f"Give output_dir= a path on a disk with ≥ {_rounded_up(need.total / disk.DISK_FIT_MARGIN)} free"
             + (f", or set {tried}." if tried else "."))
 
 

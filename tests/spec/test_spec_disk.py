@@ -271,6 +271,7 @@ def test_run_refuses_before_anything_starts(real_disk, monkeypatch, capsys, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: does not fit: the disk at {out} needs ~"), err
     assert "Give output_dir= a path on a disk with" in lines[0] and "--plan shows every figure" in lines[0]
+    assert ", 1.0 kB free there" in lines[0], lines[0]  # amounts as rlhf.storage.human writes them
     assert not out.exists()
 
 
