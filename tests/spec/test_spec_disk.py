@@ -72,8 +72,9 @@ def test_checkpoints_alive_at_the_peak_by_hand(overrides, per_param, alive):
     need = disk.need(spec)
     assert need.checkpoints == alive and not need.final  # the checkpoints, not the export, are the peak
     assert need.total * GB == pytest.approx(alive * (per_param * p + EXTRA), rel=1e-12)
-    # after the last save: one fewer checkpoint and the final export, smaller than a checkpoint
-    assert _hf(p, b) < per_param * p
+    # the other candidate for the peak, after the last save: one fewer checkpoint and the final
+    # export, whose size the code gets right (so losing to the checkpoints above is a fair verdict)
+    assert disk.hf_export_gb(spec, "actor", p, p) * GB == pytest.approx(_hf(p, b), rel=1e-12)
 
 
 def test_lora_checkpoints_hold_the_adapters_and_exports_the_merged_model():
