@@ -213,7 +213,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         return 0
     except UserError as e:  # a worker's arrives as a RayTaskError that is a UserError too
         _close(console)
-        print(f"error: {_user_error_inside(e)}", file=sys.stderr)
+        print(f"error: {_user_error_inside(e) or e}", file=sys.stderr)
         return EXIT_USER
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         status = "KILLED"

@@ -109,13 +109,17 @@ def dir_bytes(path: str | os.PathLike) -> int:
     return total
 
 
+def unit_of(n: float) -> tuple[str, float]:
+    """The unit ``human`` prints ``n`` bytes in, and its size in bytes."""
+    return next(((u, size) for u, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if n >= size), ("bytes", 1))
+
+
 def human(n: Optional[float]) -> str:
+    """``n`` bytes as "12.3 GB" (GB, MB or kB, one decimal; else whole bytes); "?" when unknown."""
     if n is None:
         return "?"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} bytes"
+    unit, size = unit_of(n)
+    return f"{n / size:.1f} {unit}" if size > 1 else f"{int(n)} bytes"
 
 
 def intact(run_dir: str | os.PathLike) -> str:

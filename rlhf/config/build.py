@@ -92,10 +92,13 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
                choices: Optional[dict] = None) -> RunSpec:
     """The composed config → frozen RunSpec (raises SpecError). ``config_dir``: the -cp folder,
     if the primary config did not come from the shipped groups. A run's output_dir is made absolute
-    (relative to the cwd); without one, it is named (``run_dir_for``; ``claim_run_dir`` creates it)."""
+    (relative to the cwd); without one, it is named (``run_dir_for``; ``claim_run_dir`` creates it).
+    A plan without one gets that name as ``planned_run_dir`` (not created), where it measures the disk."""
+    import dataclasses
+
     from omegaconf import open_dict
 
-    from rlhf.spec.build import build
+    from rlhf.spec.build import build, freeze
 
     with open_dict(cfg):
         if plan:
@@ -108,7 +111,11 @@ def build_spec(cfg: Any, overrides: Sequence[str], plan: bool, config_dir: Optio
         changes = changes_from_defaults(cfg, overrides, choices)
     else:  # a saved config: what differs is the whole file, then the overrides on it
         changes = (f"the config of {Path(config_dir)} (-cp)", *overrides)
-    return build(cfg, overrides=tuple(overrides), changes=changes)
+    spec = build(cfg, overrides=tuple(overrides), changes=changes)
+    if spec.mode == "plan" and not spec.output_dir:
+        planned = os.path.abspath(os.path.expanduser(run_dir_for(cfg)))
+        spec = freeze(dataclasses.replace(spec, planned_run_dir=planned))
+    return spec
 
 
 def resume_dir(overrides: Sequence[str]) -> Optional[str]:

@@ -128,6 +128,16 @@ def _check(spec: RunSpec, name: str, overrides: Sequence[str]) -> Optional[Sugge
     return Suggestion(tuple(overrides), new, total, ok)
 
 
+def lora_overrides(spec: RunSpec) -> Optional[list[str]]:
+    """The overrides that train LoRA adapters (rank LORA_RANK, alpha twice it) instead of every
+    weight; None when LoRA is on already or the algo kind takes none (``validate.LORA_KINDS``)."""
+    from rlhf.spec.validate import LORA_KINDS
+
+    if spec.model.lora.rank > 0 or spec.algo.kind not in LORA_KINDS:
+        return None
+    return [f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"]
+
+
 def _hardware(spec: RunSpec, nodes: int, per_node: int) -> list[str]:
     """Overrides for ``nodes`` × ``per_node`` of the same GPUs: a shipped hardware option, else keys."""
     hw = spec.hardware
@@ -160,8 +170,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             out.append(["train.offload_optimizer=auto"])  # auto offloads only what the host holds
         if pl.offload_train_state is True and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=false"])
-        if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-            out.append([f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"])
+        if lora_overrides(spec):
+            out.append(lora_overrides(spec))
         total = spec.layout.total_devices
         for n in (2 * total, 4 * total, 8 * total):
             out.append(_more_devices(spec, n) + ["#devices"])
@@ -180,8 +190,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
                 k //= 2
                 out.append([f"train.max_tokens_per_micro_batch={max(k, 1) * seq}", "#budget"])
-        if name in ("training phase", "actor") and m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-            out.append([f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"])
+        if name in ("training phase", "actor") and lora_overrides(spec):
+            out.append(lora_overrides(spec))
         total = spec.layout.total_devices
         need = max(min_gpus(spec, est, name), 2 * total)
         target = 1 << (need - 1).bit_length()
@@ -241,27 +251,35 @@ def suggestions(spec: RunSpec, est: Estimate, name: str) -> list[Suggestion]:
     return out
 
 
-def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[str, ...]]:
-    """Overrides that make every figure fit, picked from ``suggestions`` one failing figure at a
-    time (first one that makes the whole plan fit, else that figure, else the most saving); None
-    when none is found."""
-    applied: dict[str, str] = {}
+def merge_overrides(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
+    """``a`` and then ``b`` as one list of overrides: a key of ``b`` replaces the same key of ``a``
+    (moved last), a hardware option (``hardware=<option>``) every hardware key of ``a``."""
+    merged = dict(o.split("=", 1) for o in a)
+    for ov in b:
+        key, value = ov.split("=", 1)
+        if key == "hardware":
+            merged = {k: v for k, v in merged.items() if not k.startswith("hardware")}
+        merged.pop(key, None)
+        merged[key] = value
+    return tuple(f"{k}={v}" for k, v in merged.items())
+
+
+def setting_that_fits(spec: RunSpec, rounds: int = 6) -> Optional[tuple[tuple[str, ...], RunSpec]]:
+    """``(overrides, the spec built with them)`` that make every figure fit, picked from
+    ``suggestions`` one failing figure at a time (first one that makes the whole plan fit, else
+    that figure, else the most saving); None when none is found."""
+    applied: tuple[str, ...] = ()
     cur = spec
     for _ in range(rounds):
         est = estimate(cur)
         failing = list(over_limit(cur, est))
         if not failing:
-            return tuple(f"{k}={v}" for k, v in applied.items())
+            return applied, cur
         options = suggestions(cur, est, failing[0])
         if not options:
             return None
         pick = (next((s for s in options if fits(s.spec)), None) or next((s for s in options if s.fits), None)
                 or min(options, key=lambda s: s.total))
-        for ov in pick.overrides:
-            key, value = ov.split("=", 1)
-            if key == "hardware":  # a hardware option replaces earlier hardware.* keys
-                applied = {k: v for k, v in applied.items() if not k.startswith("hardware")}
-            applied.pop(key, None)
-            applied[key] = value
+        applied = merge_overrides(applied, pick.overrides)
         cur = pick.spec
     return None

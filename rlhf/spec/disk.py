@@ -59,9 +59,9 @@ class DiskNeed:
 
 def trained_params(spec: RunSpec) -> dict[str, tuple[int, int]]:
     """``{role: (trained parameters, parameters of its HF export)}`` for the roles a checkpoint
-    saves: the actor (in algo=rm a reward model: a value head, no LM head; its LoRA adapters
-    alone when model.lora is set) and PPO's critic (every weight). Frozen models (reference, reward) are not
-    saved."""
+    saves: the actor (in algo=rm a reward model: a value head, no LM head; with model.lora, which
+    only the causal-LM kinds take, its adapters alone) and PPO's critic (every weight). Frozen models
+    (reference, reward) are not saved."""
     m = spec.model
     full = param_count(m, with_lm_head=spec.algo.kind != "rm")
     out = {"actor": (lora_param_count(m) or full, full)}
@@ -133,11 +133,11 @@ def need(spec: RunSpec) -> DiskNeed:
     return DiskNeed(one, writing, {}, n)
 
 
-def over(spec: RunSpec, available: Optional[int], est: Optional[DiskNeed] = None) -> bool:
-    """The run needs more than DISK_FIT_MARGIN of ``available`` bytes (unknown: it fits)."""
+def over(est: DiskNeed, available: Optional[int]) -> bool:
+    """``est`` is more than DISK_FIT_MARGIN of ``available`` bytes (unknown: it fits)."""
     if available is None:
         return False
-    return (est or need(spec)).total * GB > DISK_FIT_MARGIN * available
+    return est.total * GB > DISK_FIT_MARGIN * available
 
 
 def available_bytes(spec: RunSpec) -> Optional[int]:
@@ -155,15 +155,17 @@ def available_bytes(spec: RunSpec) -> Optional[int]:
 
 # ----------------------------------------------------------------------------- advice
 
-LORA_RANK = 16  # as the memory advice suggests it (rlhf.spec.advice)
-
 
 def _candidates(spec: RunSpec) -> list[list[str]]:
-    """Settings that write less, the smallest change first (unchecked): each checkpoint setting
-    that lowers the need alone, those added up, and LoRA (with them)."""
-    from rlhf.spec.advice import apply
+    """Settings that write less (unchecked): every combination of the checkpoint settings that
+    lower the need alone, the fewest functions lost first: those that keep the intermediate
+    checkpoints before ``checkpoint.every=0`` (which drops them all), smaller before larger; then
+    LoRA (with all of them)."""
+    from itertools import combinations
 
-    ck, m = spec.checkpoint, spec.model
+    from rlhf.spec.advice import apply, lora_overrides
+
+    ck = spec.checkpoint
     single = []
     if ck.keep_last > 1:
         single.append("checkpoint.keep_last=1")
@@ -175,10 +177,10 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
         single.append("checkpoint.every=0")
     before = need(spec).total
     single = [s for s in single if (new := apply(spec, [s])) is not None and need(new).total < before]
-    out = [[s] for s in single]
-    out += [single[:k] for k in range(2, len(single) + 1)]  # the same, added up
-    if m.lora.rank == 0 and spec.algo.kind in ("rl", "sft", "dpo"):
-        lora = [f"model.lora.rank={LORA_RANK}", f"model.lora.alpha={2 * LORA_RANK}"]
+    subsets = [list(c) for k in range(1, len(single) + 1) for c in combinations(single, k)]
+    out = sorted(subsets, key=lambda c: ("checkpoint.every=0" in c, len(c)))  # stable: the order above
+    lora = lora_overrides(spec)
+    if lora:
         out += [lora, single + lora] if single else [lora]
     return out
 
@@ -197,8 +199,11 @@ def suggestions(spec: RunSpec, available: int) -> list[tuple[tuple[str, ...], fl
         if any(set(prev) <= set(cand) for prev, _ in out):
             continue  # a part of it fits already
         new = apply(spec, cand)
-        if new is None or over(new, available) or not set(over_limit(new, estimate(new))) <= was_over:
+        if new is None:
             continue
-        out.append((tuple(cand), need(new).total))
+        est = need(new)
+        if over(est, available) or not set(over_limit(new, estimate(new))) <= was_over:
+            continue
+        out.append((tuple(cand), est.total))
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.spec.advice import apply, setting_that_fits, suggestions
+from rlhf.spec.advice import merge_overrides, setting_that_fits, suggestions
 from rlhf.spec import disk, memory
 from rlhf.spec.memory import (
     HOST,
@@ -28,6 +28,7 @@ from rlhf.spec.memory import (
 )
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.shape import shape_line
+from rlhf.storage import human, unit_of
 
 
 def ranges(devs: tuple[int, ...]) -> str:
@@ -112,63 +113,68 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
     return out
 
 
-def _amount(gb: float, up: bool = False) -> str:
-    """GB as the disk lines print it: "55.6 GB", or MB under a GB; ``up``: rounded up, whole units."""
-    value, unit = (gb, "GB") if gb >= 1 else (gb * 1e3, "MB")
-    return f"{math.ceil(value)} {unit}" if up else f"{value:.1f} {unit}"
+def _amount(gb: float) -> str:
+    """GB as the disk lines print it (``rlhf.storage.human``)."""
+    return human(gb * memory.GB)
 
 
-def _sizes(parts: dict[str, float], unit: float) -> str:
-    return " + ".join(f"{k} {v * memory.GB / unit:.1f}" for k, v in parts.items())
+def _rounded_up(gb: float) -> str:
+    """GB rounded up to a whole number of ``human``'s unit: "≥ 59 GB free"."""
+    unit, size = unit_of(gb * memory.GB)
+    return f"{math.ceil(gb * memory.GB / size)} {unit}"
 
 
 def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> str:
-    """``disk at <run dir>: <n> checkpoint(s) × (parts) + final export (parts) = X GB of Y GB free``
-    (MB where the need is under a GB: the CPU runs)."""
-    unit, name = (memory.GB, "GB") if need.total >= 1 else (1e6, "MB")
+    """``disk at <run dir> (output_dir | hydra.run.dir): <n> checkpoint(s) × (parts) + final export
+    (parts) = X GB of Y GB free``, the parts in the unit of the total (MB for the CPU runs)."""
+    size = unit_of(need.total * memory.GB)[1]
+
+    def sizes(parts: dict[str, float]) -> str:
+        return " + ".join(f"{k} {v * memory.GB / size:.1f}" for k, v in parts.items())
+
     n = need.checkpoints
-    text = f"{n} checkpoint{'s ×' if n > 1 else ''} ({_sizes(need.checkpoint, unit)})"
+    text = f"{n} checkpoint{'s ×' if n > 1 else ''} ({sizes(need.checkpoint)})"
     if need.final:
-        text += f" + final export ({_sizes(need.final, unit)})"
-    free = f"of {_amount(available / memory.GB)} free" if available is not None else "(free space unknown)"
-    return f"disk at {spec.run_dir} (output_dir): {text} = {need.total * memory.GB / unit:.1f} {name} {free}"
+        text += f" + final export ({sizes(need.final)})"
+    free = f"of {human(available)} free" if available is not None else "(free space unknown)"
+    where = f"{spec.run_dir} ({'output_dir' if spec.output_dir else 'hydra.run.dir'})"
+    return f"disk at {where}: {text} = {_amount(need.total)} {free}"
 
 
-def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> Optional[str]:
+def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int],
+                 tips: Optional[list[tuple[tuple[str, ...], float]]] = None) -> Optional[str]:
     """The "✗ does not fit" line of a run whose checkpoints and export need more than
-    DISK_FIT_MARGIN of the space free under its output_dir, with settings checked to fit; else None."""
-    if available is None or not disk.over(spec, available, need):
+    DISK_FIT_MARGIN of the space free under its output_dir, with settings checked to fit (``tips``:
+    ``disk.suggestions`` of the spec, when computed already); else None."""
+    if not disk.over(need, available):
         return None
     what = f"{need.checkpoints} checkpoint{'s' if need.checkpoints > 1 else ''} of {_amount(need.per_checkpoint)}"
     if need.final:
         what += f" and the final export of {_amount(sum(need.final.values()))}"
-    tips = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in disk.suggestions(spec, available))
+    if tips is None:
+        tips = disk.suggestions(spec, available)
+    tried = "; ".join(f"{' '.join(o)} ({_amount(gb)})" for o, gb in tips)
     return (f"✗ does not fit: the disk at {spec.run_dir} needs ~{_amount(need.total)} ({what}), "
-            f"{_amount(available / memory.GB)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
-            f"Give output_dir= a path on a disk with ≥ {_amount(need.total / disk.DISK_FIT_MARGIN, up=True)} free"
-            + (f", or set {tips}." if tips else "."))
+            f"{human(available)} free there ({disk.DISK_FIT_MARGIN:.0%} usable). "
+            f"Give output_dir= a path on a disk with ≥ {_rounded_up(need.total / disk.DISK_FIT_MARGIN)} free"
+            + (f", or set {tried}." if tried else "."))
 
 
-def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int]) -> Optional[tuple[str, ...]]:
-    """Overrides that make every GPU figure (``setting_that_fits``) and then the disk fit
-    (``disk.suggestions`` of the spec with them); None when none is found."""
-    fix = () if fits(spec, est) else setting_that_fits(spec)
-    if fix is None:
-        return None
-    cur = apply(spec, fix) if fix else spec
-    if cur is None:
-        return None
-    if available is None or not disk.over(cur, available):
+def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int],
+                    tips: Optional[list[tuple[tuple[str, ...], float]]]) -> Optional[tuple[str, ...]]:
+    """Overrides that make every GPU figure (``setting_that_fits``) and then the disk fit: ``tips``
+    (the spec's ``disk.suggestions``; None where its disk fits) when the GPU figures fit as they
+    are, else the suggestions for the spec with the GPU fix. None when none is found."""
+    fix: tuple[str, ...] = ()
+    if not fits(spec, est):
+        found = setting_that_fits(spec)
+        if found is None:
+            return None
+        fix, cur = found
+        tips = disk.suggestions(cur, available) if disk.over(disk.need(cur), available) else None
+    if tips is None:
         return fix
-    tips = disk.suggestions(cur, available)
-    if not tips:
-        return None
-    merged = dict(o.split("=", 1) for o in fix)
-    for o in tips[0][0]:
-        key, value = o.split("=", 1)
-        merged.pop(key, None)
-        merged[key] = value
-    return tuple(f"{k}={v}" for k, v in merged.items())
+    return merge_overrides(fix, tips[0][0]) if tips else None
 
 
 def _decisions(spec: RunSpec) -> list[str]:
@@ -281,12 +287,13 @@ def render_plan(spec: RunSpec) -> str:
     need, available = disk.need(spec), disk.available_bytes(spec)
     lines.append(disk_line(spec, need, available))
     lines.extend(warnings(spec, est))
-    on_disk = disk_warning(spec, need, available)
+    tips = disk.suggestions(spec, available) if disk.over(need, available) else None
+    on_disk = disk_warning(spec, need, available, tips)
     if on_disk:
         lines.append(on_disk)
     ok = fits(spec, est) and on_disk is None
     if not ok:
-        fix = fitting_setting(spec, est, available)
+        fix = fitting_setting(spec, est, available, tips)
         if fix:
             lines.append(f"→ a setting that fits: {' '.join(fix)}")
     if gpu or not ok:

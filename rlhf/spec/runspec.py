@@ -75,6 +75,8 @@ class RunSpec(S.Frozen):
     auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.spec.auto)
     # "model" / "reward" -> where preflight found model.path / reward.model_path (``with_models``)
     models: dict[str, ResolvedModel] = field(default_factory=dict)
+    # a plan without output_dir: the run dir a run would get (hydra.run.dir, made unique; not created)
+    planned_run_dir: Optional[str] = None
 
     @property
     def device(self) -> str:
@@ -82,6 +84,6 @@ class RunSpec(S.Frozen):
 
     @property
     def run_dir(self) -> str:
-        """Where the run writes: ``output_dir`` (the CLI always sets it for a run), else ``outputs/run``
-        for a spec built another way."""
-        return self.output_dir or "outputs/run"
+        """Where the run writes: ``output_dir`` (the CLI always sets it for a run), else the run dir
+        a plan's run would get (``planned_run_dir``), else ``outputs/run`` for a spec built another way."""
+        return self.output_dir or self.planned_run_dir or "outputs/run"

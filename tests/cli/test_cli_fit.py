@@ -31,7 +31,7 @@ def test_a_refused_run_gives_its_claimed_run_dir_back(tmp_path, monkeypatch, cap
     assert [p.name for p in cwd.iterdir()] == ["outputs"] and not any((cwd / "outputs").iterdir())
 
 
-def test_a_run_checks_its_fit_and_output_dir_once(tmp_path, monkeypatch, capsys):
+def test_a_run_checks_its_fit_disk_and_output_dir_once(tmp_path, monkeypatch, capsys):
     """execute → check_before_run → run → resolve_models → preflight: each check once (a sweep job
     goes the same way); the stand-in model check stops the run before any model loads."""
     from rlhf import preflight, run
@@ -39,7 +39,7 @@ def test_a_run_checks_its_fit_and_output_dir_once(tmp_path, monkeypatch, capsys)
     from tests.helpers import make_spec
 
     calls = []
-    for name in ("check_fits", "check_output_dir"):
+    for name in ("check_fits", "check_disk", "check_output_dir"):
         real = getattr(preflight, name)
         monkeypatch.setattr(preflight, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
     monkeypatch.setattr(preflight, "resolve_models", lambda spec, console=None: spec)
@@ -50,4 +50,4 @@ def test_a_run_checks_its_fit_and_output_dir_once(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(preflight, "check_model", stop)
     spec = make_spec(["model=qwen2.5-0.5b", "hardware=8xh100", "tracking.backend=none"], tmp_path / "run")
     assert run.execute(spec) == 2 and "error: stop here" in capsys.readouterr().err
-    assert sorted(calls) == ["check_fits", "check_output_dir"]
+    assert sorted(calls) == ["check_disk", "check_fits", "check_output_dir"]

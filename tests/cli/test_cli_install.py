@@ -58,10 +58,16 @@ def test_non_editable_install_finds_conf_and_recipes(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("run: grpo · hybrid · llama3-8b · 8xh100")
-    # the GPU and host figures fit; the disk's verdict is this machine's (rlhf.spec.disk)
-    refused = [ln for ln in run.stdout.splitlines() if ln.startswith("✗ does not fit:")]
-    assert "✓ fits" in run.stdout or (refused and all(ln.startswith("✗ does not fit: the disk at") for ln in refused)), \
-        run.stdout
+    # every GPU and host figure is printed and fits: no ✗ line but the disk's, whose verdict is this
+    # machine's free space (rlhf.spec.disk)
+    lines = run.stdout.splitlines()
+    assert any(ln.startswith("  training phase:") for ln in lines) and any(
+        ln.startswith("  generation phase:") for ln in lines) and any(
+        ln.startswith("host memory per node: ") for ln in lines), run.stdout
+    disk = [ln for ln in lines if ln.startswith("✗ does not fit: the disk at")]
+    others = [ln for ln in lines if ln.startswith("✗") and ln not in disk and ln != "✗ does not fit (see above)"]
+    assert others == [], run.stdout
+    assert lines[-1] == ("✗ does not fit (see above)" if disk else "✓ fits"), run.stdout
     recipe = subprocess.run([str(venv / "bin" / "rlhf-run"), "recipe=ppo_llama3_8b_8xh100", "--plan"],
                             capture_output=True, text=True, cwd=elsewhere, env=env)
     assert recipe.returncode == 0 and recipe.stdout.startswith("run: ppo · hybrid · llama3-8b"), recipe.stderr

@@ -163,7 +163,14 @@ class _Wrapper(Exception):  # an error that carries a worker's as .cause but is 
         self.cause = cause
 
 
-@pytest.mark.parametrize("wrap", [None, _raised_in_a_worker, _Wrapper], ids=["driver", "ray_task_error", "cause"])
+def _carrying_another(error):  # a UserError that carries an error of another kind as .cause
+    outer = UserError(str(error))
+    outer.cause = OSError("inner")
+    return outer
+
+
+@pytest.mark.parametrize("wrap", [None, _raised_in_a_worker, _Wrapper, _carrying_another],
+                         ids=["driver", "ray_task_error", "cause", "user_error_with_cause"])
 def test_a_user_error_at_run_time_exits_2(wrap, tmp_path, monkeypatch, capsys):
     """rlhf.run.run, stopped before the cluster starts by a UserError from the driver or from a
     worker (Ray's wrapper, whose text is a traceback): exit 2 and the error's own line."""

@@ -111,3 +111,30 @@ def test_70b_loading_does_not_fit_the_host(capsys):
     out = plan(capsys, ["model=llama3-70b", "hardware=8xh100"])
     assert re.search(r"✗ does not fit: the host memory needs ~\d+ GB per node \(most of it model loading", out)
     assert out.rstrip().endswith("✗ does not fit (see above)")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["algo=grpo"], ["model.lora.rank=16", "model.lora.alpha=32"]),
+    (["algo=sft"], ["model.lora.rank=16", "model.lora.alpha=32"]),
+    (["algo=grpo", "model.lora.rank=8"], None),  # on already
+    (["algo=rm"], None),  # a reward model takes no adapters (validate.LORA_KINDS)
+])
+def test_lora_is_suggested_only_where_it_builds(argv, expected):
+    from rlhf.spec.advice import apply, lora_overrides
+    from tests.helpers import planned_spec
+
+    spec = planned_spec(argv)
+    assert lora_overrides(spec) == expected
+    lora = ["model.lora.rank=16", "model.lora.alpha=32"]
+    if expected or spec.model.lora.rank == 0:  # where it is not offered, it would not build
+        assert (apply(spec, lora) is not None) == bool(expected)
+
+
+def test_merged_overrides_keep_the_later_value_and_a_hardware_option_replaces_its_keys():
+    from rlhf.spec.advice import merge_overrides
+
+    a = ["hardware.nodes=2", "model.lora.rank=16", "checkpoint.keep_last=1"]
+    assert merge_overrides(a, ["checkpoint.keep_last=3", "checkpoint.save_hf=false"]) == (
+        "hardware.nodes=2", "model.lora.rank=16", "checkpoint.keep_last=3", "checkpoint.save_hf=false")
+    assert merge_overrides(a, ["hardware=8xh100"]) == ("model.lora.rank=16", "checkpoint.keep_last=1",
+                                                      "hardware=8xh100")
