@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 from bench.common import make_random_model
 
 if __name__ == "__main__":
-    preset, out = (sys.argv[1:3] + [None, None])[:2]
-    preset = preset or "qwen2.5-0.5b"
-    print(make_random_model(out or f"/tmp/rlhf-gpu/models/{preset}-random", preset))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("preset", nargs="?", default="qwen2.5-0.5b", help="a conf/model/<preset>.yaml name")
+    ap.add_argument("out", nargs="?", help="folder to write (default /tmp/rlhf-gpu/models/<preset>-random)")
+    a = ap.parse_args()
+    print(make_random_model(a.out or f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset))
