@@ -82,6 +82,9 @@ PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib"
 # what the tensors held at most (reserved minus this is the caching allocator's own share)
 ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
 MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
+# a cell's run at the least (Ray, vLLM start, 2 steps, a checkpoint and the export at 1.5B: 100-200 s
+# on one H200); one started with less is killed at the budget part way, which tells nothing
+MIN_CELL_S = 150
 # below this much free disk, model dirs that no later cell of the run needs are deleted (a 7B one is 15 GB)
 LOW_DISK_GB = 60
 
@@ -302,8 +305,9 @@ def main(argv=None) -> int:
         say(f"{n}: done earlier (--redo runs it again)")
     names = [n for n in names if n not in done]
     for i, n in enumerate(names):
-        if time.time() > deadline - 90:
-            say(f"{n}: skipped, budget spent")
+        left = deadline - time.time()
+        if left < MIN_CELL_S:
+            say(f"{n}: skipped, budget spent ({left:.0f} s left, a cell takes {MIN_CELL_S} s or more)")
             continue
         say(f"{n}: start")
         free_models({CELLS[m][0] for m in names[i:]})

@@ -194,6 +194,16 @@ def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
     return message(kind, "the run's files", where, run_dir, reason_of(e), free=free_bytes(where))
 
 
+def _sibling(final: Path) -> Path:
+    """A new hidden dir beside ``final``, with the permissions a plain mkdir would give it
+    (mkdtemp's 0700 would follow the rename and hide the model from other users)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)
+    return tmp
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
     """Yield a temporary sibling dir to fill, then rename it to ``final``.
@@ -205,7 +215,7 @@ def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
         yield None
         return
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp = _sibling(final)
     try:
         yield tmp
         try:
@@ -213,6 +223,28 @@ def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
         except OSError:
             if not final.exists():
                 raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def publish(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling dir to fill, then put it in place of ``final`` (an older ``final``
+    is replaced): a reader, or a run killed mid-write, sees the whole dir or none of it. An
+    exception inside the block removes the temporary dir and leaves ``final`` as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(final)
+    try:
+        yield tmp
+        old = None
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
+            os.replace(final, old / final.name)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

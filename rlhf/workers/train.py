@@ -445,16 +445,20 @@ class PolicyWorker(TrainedWorker):
         state, raw = states
         from rlhf.models import load_tokenizer
 
+        from rlhf.storage import publish
+
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
         module = self.engine.module
         if self.lora:
             from rlhf.models.lora import adapter_dir
 
-            module.save_pretrained(str(adapter_dir(out)), state_dict=raw)
+            with publish(adapter_dir(out)) as tmp:
+                module.save_pretrained(str(tmp), state_dict=raw)
             module = module.get_base_model()  # the HF model; ``state`` has its parameter names
-        module.save_pretrained(str(out), state_dict=state)
-        load_tokenizer(self.model_path()).save_pretrained(str(out))
+        # written beside and renamed: a run killed mid-export leaves no ``hf`` dir that looks whole
+        with publish(out) as tmp:
+            module.save_pretrained(str(tmp), state_dict=state)
+            load_tokenizer(self.model_path()).save_pretrained(str(tmp))
         return str(out)
 
     last_grad_norm: Optional[float] = None

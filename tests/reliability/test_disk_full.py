@@ -3,8 +3,9 @@
 * metrics: the driver's metrics.jsonl writer is patched to fill the disk half-way through step 2's line;
 * checkpoint: the driver's ``torch.save`` is patched to fill the disk half-way through step 2's
   ``driver.pt``, after the actor worker has written its DeepSpeed state into the same ``.tmp``;
-* export: ``final/hf/config.json`` is a link to /dev/full, so the actor worker's own
-  ``save_pretrained`` gets the kernel's ENOSPC inside Ray.
+* export: in the actor worker, the export's temporary dir (``rlhf.storage.publish``) gets its
+  ``config.json`` linked to /dev/full, so the worker's own ``save_pretrained`` gets the kernel's
+  ENOSPC inside Ray.
 
 Each run exits 1 with one ``error:`` line naming the path (and the bytes needed where known), the
 previous checkpoint complete and loadable, no partial checkpoint or export left, no actor or
@@ -108,10 +109,40 @@ def test_disk_full_writing_a_checkpoint(rl_env, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full for the kernel's ENOSPC")
-def test_disk_full_writing_the_export_then_resume_writes_it(rl_env, tmp_path, capsys):
+def test_disk_full_writing_the_export_then_resume_writes_it(rl_env, tmp_path, capsys, monkeypatch):
+    from rlhf.launch.group import ActorGroup, RoleHandle, method_name
+
     out = tmp_path / "run"
-    (out / "final" / "hf").mkdir(parents=True)
-    os.symlink("/dev/full", out / "final" / "hf" / "config.json")
+    real = ActorGroup.call_async
+
+    def into_a_full_disk(worker, path):
+        """In the actor worker: its export's temporary dir gets config.json linked to /dev/full,
+        so its own save_pretrained meets the kernel's ENOSPC, inside Ray."""
+        import rlhf.storage as storage
+
+        sibling = storage._sibling
+
+        def full_sibling(final):
+            tmp = sibling(final)
+            os.symlink("/dev/full", tmp / "config.json")
+            return tmp
+
+        storage._sibling = full_sibling
+        try:
+            return worker.save_hf(path)
+        finally:
+            storage._sibling = sibling
+
+    def on_host(host, role, path):  # a colocated rank: the role's worker object on its host actor
+        return into_a_full_disk(host.workers[role], path)
+
+    def export_on_a_full_disk(self, method, *args, **kwargs):
+        if method_name(method) == "save_hf" and str(args[0]).endswith("final/hf"):
+            return [w.host.__ray_call__.remote(on_host, self.role, *args) if isinstance(w, RoleHandle)
+                    else w.__ray_call__.remote(into_a_full_disk, *args) for w in self.workers]
+        return real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(ActorGroup, "call_async", export_on_a_full_disk)
     before = snapshot()
     code, rows = run_rl(TOY + ["train.steps=1"], out)
     line = _error_line(capsys.readouterr().err)
@@ -121,9 +152,11 @@ def test_disk_full_writing_the_export_then_resume_writes_it(rl_env, tmp_path, ca
     assert [r["step"] for r in rows] == [0]
     _assert_loadable(out, 1)
     assert not (out / "final" / "hf").exists()  # no half export for from_pretrained to trip on
+    assert not list((out / "final").glob(".hf.*"))  # nor its temporary dir
     assert leftovers(*before) == ([], [])
 
     # space again: resume= of the finished run writes the export from its checkpoint
+    monkeypatch.setattr(ActorGroup, "call_async", real)
     from transformers import AutoModelForCausalLM
 
     from rlhf.cli import main

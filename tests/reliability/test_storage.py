@@ -142,3 +142,41 @@ def test_a_full_disk_no_write_block_caught_is_still_one_line(tmp_path):
     # a permission problem outside the run dir (a model dir) is not explained as the run dir's
     assert storage.uncaught(PermissionError(errno.EACCES, "Permission denied", "/models/x"), run) is None
     assert storage.uncaught(ValueError("no"), run) is None
+
+
+def test_publish_shows_the_whole_dir_or_none_and_replaces_an_older_one(tmp_path):
+    """``storage.publish`` (the HF exports): the final dir appears only complete; a failure inside
+    leaves the previous dir as it was and no temporary dir behind; a new one replaces the old."""
+    from rlhf.storage import publish
+
+    final = tmp_path / "final" / "hf"
+    with publish(final) as tmp:
+        (tmp / "config.json").write_text("{}")
+        assert not final.exists()  # nothing under the final name while writing
+    assert (final / "config.json").read_text() == "{}"
+
+    with pytest.raises(RuntimeError):
+        with publish(final) as tmp:
+            (tmp / "model.safetensors").write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert sorted(p.name for p in final.iterdir()) == ["config.json"]
+    assert [p.name for p in final.parent.iterdir()] == ["hf"]
+
+    with publish(final) as tmp:
+        (tmp / "model.safetensors").write_text("whole")
+    assert sorted(p.name for p in final.iterdir()) == ["model.safetensors"]
+    assert [p.name for p in final.parent.iterdir()] == ["hf"]
+
+
+def test_publish_gives_the_dir_the_permissions_of_a_plain_mkdir(tmp_path):
+    from rlhf.storage import publish
+
+    old = os.umask(0o022)
+    try:
+        with publish(tmp_path / "hf") as tmp:
+            pass
+        plain = tmp_path / "plain"
+        plain.mkdir()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "hf").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 == 0o755
