@@ -4,7 +4,10 @@ cluster; each job reserves its own placement groups, as a single run does.
 
 A job takes ``layout.total_devices`` devices: GPUs, or on CPU worker slots (Ray CPUs; ``ray.num_cpus``
 sets how many the sweep's cluster has). Jobs start in sweep order: the next one waits until the
-running ones leave it room. A job larger than the whole cluster is recorded as failed without
+running ones leave it room, in devices and on disk: a job starts only when its checkpoints and
+export (``rlhf.spec.disk``) fit beside what the running jobs on the same filesystem have still to
+write, so that each job's own start-of-run check, which sees only the free space of that moment, holds
+for all of them together. A job larger than the whole cluster is recorded as failed without
 running. Each job is built, and its hooks (MLflow child run) called, in the launcher's thread, as
 Hydra's job bookkeeping (``HydraConfig``, the working directory) is per process; only the training
 runs in the job's thread (so ``hydra.job.chdir=true`` is refused). Ctrl-C and SIGTERM stop only the launcher's thread: running jobs finish.
@@ -14,8 +17,9 @@ from __future__ import annotations
 
 import contextvars
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from hydra.core.utils import JobReturn, configure_log, run_job, setup_globals
 
@@ -34,6 +38,7 @@ def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: S
     returns: list[JobReturn] = []
     submitted: list[tuple[Future, JobReturn]] = []
     running: dict[Future, int] = {}  # a job's thread -> the devices it holds
+    claims: dict[Future, DiskClaim] = {}  # a job's thread -> the disk it writes at its peak
     started_ray = False
     with ThreadPoolExecutor(max_workers=max(len(job_overrides), 1), thread_name_prefix="sweep-job") as pool:
         for i, overrides in enumerate(job_overrides):
@@ -61,20 +66,70 @@ def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: S
                     + ("set ray.num_cpus (the worker slots) to at least that." if pending.unit == "CPU"
                        else "use a smaller placement or a larger Ray cluster.")))
                 continue
-            while running and sum(running.values()) + pending.devices > capacity:
+            claim = DiskClaim.of(pending.spec)
+            while running and (sum(running.values()) + pending.devices > capacity
+                               or not claim.fits_beside([claims[f] for f in running])):
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
                     running.pop(f)
+                    claims.pop(f)
             if not submitted:
                 _resolve_lazy_imports()
             future = pool.submit(ctx.run, pending.run)
             running[future] = pending.devices
+            claims[future] = claim
             submitted.append((future, ret))
     for future, ret in submitted:
         ret.return_value = future.result()
     if started_ray:
         ray.shutdown()
     return returns
+
+
+@dataclass(frozen=True)
+class DiskClaim:
+    """What a job writes under its run dir at its peak (``rlhf.spec.disk.need``), and where."""
+
+    run_dir: Path
+    device: Optional[int]  # the filesystem (st_dev of the run dir's nearest existing parent)
+    need: int  # bytes
+
+    @classmethod
+    def of(cls, spec: Any) -> "DiskClaim":
+        from rlhf.spec import disk
+        from rlhf.spec.memory import GB
+
+        run_dir = Path(spec.run_dir).expanduser().absolute()
+        need = int(disk.need(spec).total * GB) if spec.mode == "run" else 0
+        return cls(run_dir, _filesystem(run_dir), need)
+
+    def left(self) -> int:
+        """Bytes still to be written: the need less what the run dir holds now."""
+        from rlhf import storage
+
+        return max(0, self.need - storage.dir_bytes(self.run_dir))
+
+    def fits_beside(self, others: Sequence["DiskClaim"]) -> bool:
+        """The need fits in DISK_FIT_MARGIN of the free space once the running jobs on the same
+        filesystem have written what they still will (unknown free space: it fits, as the
+        single-run check says)."""
+        from rlhf import storage
+        from rlhf.spec.disk import DISK_FIT_MARGIN
+
+        if self.need == 0 or self.device is None:
+            return True
+        free = storage.free_bytes(self.run_dir)
+        if free is None:
+            return True
+        pending = sum(o.left() for o in others if o.device == self.device)
+        return self.need <= DISK_FIT_MARGIN * (free - pending)
+
+
+def _filesystem(path: Path) -> Optional[int]:
+    for q in [path, *path.parents]:
+        if q.exists():
+            return q.stat().st_dev
+    return None
 
 
 def _resolve_lazy_imports() -> None:

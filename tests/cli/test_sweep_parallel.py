@@ -69,6 +69,44 @@ def test_jobs_wait_for_room_and_a_too_large_job_fails_alone(two_slot_ray, tmp_pa
     assert "error: job #1: it needs 4 CPUs" in capsys.readouterr().err
 
 
+def test_jobs_that_would_overfill_the_disk_together_run_one_after_the_other(two_slot_ray, tmp_path, monkeypatch):
+    """Two jobs with room for both in slots, but a disk with room for one job's checkpoints and
+    export at a time: the second starts only after the first has ended. The plan's figure is a
+    stand-in (1 GB a job); rlhf.spec.disk.need itself is tested in test_spec_disk."""
+    from rlhf import storage
+    from rlhf.spec import disk
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "default_hooks", lambda: [])
+    monkeypatch.setattr(sweep_parallel, "_resolve_lazy_imports", lambda: None)
+    monkeypatch.setattr(disk, "need", lambda spec: disk.DiskNeed({"actor": 1.0}, 1))
+    second_started = threading.Event()
+
+    def execute(spec):  # the first job runs until the second starts (3 s at most)
+        if spec.train.steps == 2:
+            second_started.set()
+        else:
+            second_started.wait(timeout=3)
+        return 0
+
+    monkeypatch.setattr(sweep, "execute", execute)
+
+    def sweep_with_free(free_gb: float, name: str) -> list[dict]:
+        second_started.clear()
+        monkeypatch.setattr(storage, "free_bytes", lambda path: int(free_gb * 1e9))
+        argv = ["-m", "hydra/launcher=parallel", "train.steps=1,2", f"hydra.sweep.dir={tmp_path / name}"]
+        assert cli.main(argv) == 0
+        r = yaml.safe_load((tmp_path / name / "sweep_results.yaml").read_text())
+        assert [x["status"] for x in r] == ["ok", "ok"]
+        return r
+
+    one_at_a_time = sweep_with_free(1.5, "a")  # 95 % of 1.5 GB: one job's 1 GB, not two
+    assert one_at_a_time[1]["started"] >= one_at_a_time[0]["ended"]
+    side_by_side = sweep_with_free(2.5, "b")  # room for both: the slots decide, as before
+    assert _overlap(side_by_side[0], side_by_side[1])
+    assert side_by_side[0]["ended"] - side_by_side[0]["started"] < 3  # the second started while it ran
+
+
 def test_chdir_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])
