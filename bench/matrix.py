@@ -231,6 +231,7 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log:
     if rows:
         last = rows[-1]
         rec["step_s"] = last.get("time/step")
+        rec["times"] = {k: v for k, v in last.items() if k.startswith("time/")}  # the last step's phases
         rec["mismatch"] = last.get("mismatch/logp_abs_mean")
         rec["mfu"] = last.get("perf/mfu")
         rec["micro_batch_tokens_max"] = max((r.get("perf/micro_batch_tokens_max", 0) for r in rows), default=0)
