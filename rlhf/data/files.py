@@ -28,6 +28,7 @@ larger than its size is repeated; a smaller one is subsampled).
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import json
 import os
@@ -335,6 +336,66 @@ def _subset(rec: Records, idx: Iterable[int]) -> Records:
     idx = list(idx)
     origins = [rec.origins[i] for i in idx] if rec.origins is not None else [(rec.source, i) for i in idx]
     return Records(rows=[rec.rows[i] for i in idx], source=rec.source, origins=origins)
+
+
+# ----------------------------------------------------------------------------- counting rows
+
+
+def count_rows(path: str) -> Optional[int]:
+    """At most the rows ``load_file(path)`` gives, found without building them: a .jsonl(.gz)
+    file's non-empty lines, a parquet file's metadata, a csv/tsv file's records, a .json file
+    parsed; a built-in set's file (made on first use, as the run would). None where that is not
+    cheap or not local (a Hub data set, a saved ``datasets`` directory) or the file cannot be read
+    (the run's own reading then names the problem)."""
+    spec = str(path)
+    if spec.startswith(HUB_PREFIX) or "::" in spec:
+        return None
+    try:
+        if spec.startswith(BUILTIN_PREFIX):
+            spec = resolve_builtin(spec[len(BUILTIN_PREFIX):])
+        p = Path(os.path.expanduser(spec)).resolve()
+        st = p.stat()
+    except (UserError, OSError):
+        return None
+    if not p.is_file():
+        return None
+    return _count_file(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_file(path: str, size: int, mtime_ns: int) -> Optional[int]:
+    """``count_rows`` of a local file, remembered while its size and mtime stay (the plan's
+    advice plans the same spec many times)."""
+    p = Path(path)
+    name = p.name.lower()
+    try:
+        if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+            opener: Callable[..., Any] = gzip.open if name.endswith(".gz") else open
+            with opener(p, "rb") as f:  # bytes' strip() keeps Unicode-only whitespace: counts more, never fewer
+                return sum(1 for raw in f if raw.strip())
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return int(pq.read_metadata(p).num_rows)
+        if name.endswith(".csv") or name.endswith(".tsv"):
+            with open(p, encoding="utf-8", newline="") as f:  # csv.DictReader skips empty records too
+                return max(0, sum(1 for rec in csv.reader(f, delimiter="\t" if name.endswith(".tsv") else ",")
+                                  if rec) - 1)
+        if name.endswith(".json"):
+            return len(_load_json(p))
+    except Exception:  # unreadable, not the format its name says, no pyarrow: the run's reading says which
+        return None
+    return None
+
+
+def rows_bound(paths: Sequence[str], weights: Optional[Sequence[float]] = None) -> Optional[int]:
+    """At most the rows ``load_files(paths, weights)`` gives (None when a file is not counted):
+    their sum; ``mix`` rounds each file's share of that sum, half a row more per file at most."""
+    counts = [count_rows(p) for p in paths]
+    if not counts or any(n is None for n in counts):
+        return None
+    total = sum(n for n in counts if n is not None)
+    return total + (len(paths) // 2 if weights is not None and len(paths) > 1 else 0)
 
 
 # ----------------------------------------------------------------------------- checking rows

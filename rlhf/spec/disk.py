@@ -2,10 +2,11 @@
 final HF export. The formulas, and the checkpoint they were measured against, are in
 docs/memory.md ("Disk under output_dir").
 
-All figures are GB (1e9 bytes). ``need`` is a pure function of the spec; ``available_bytes`` is
-the one look at the filesystem (the free space where the run dir will be, plus what the run dir's
-own checkpoints and export already hold, which the run rotates or rewrites). The plan prints the
-figure, and the start of a run refuses one whose need is over DISK_FIT_MARGIN of that space.
+All figures are GB (1e9 bytes). ``need`` is a function of the spec and, for sft/rm/dpo, of the
+row counts of its training files (``supervised_steps``); ``available_bytes`` is the one look at
+the free space (where the run dir will be, plus what the run dir's own checkpoints and export
+already hold, which the run rotates or rewrites). The plan prints the figure, and the start of a
+run refuses one whose need is over DISK_FIT_MARGIN of that space.
 """
 
 from __future__ import annotations
@@ -37,16 +38,26 @@ CHECKPOINT_EXTRA_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
+class StepBound:
+    """At most ``steps`` optimizer steps, from at most ``rows`` training rows."""
+
+    steps: int
+    rows: int
+
+
+@dataclass(frozen=True)
 class DiskNeed:
     """GB a run writes under output_dir at its peak: ``checkpoints`` checkpoints of ``checkpoint``
     (GB by part) alive at once, plus ``final`` (the final export, GB by part) where it is part of
-    the peak (empty otherwise). ``saves``: the checkpoints the run writes in all (None: not known
-    before the data is read, the supervised loops)."""
+    the peak (empty otherwise). ``saves``: the checkpoints the run writes in all, at most (None:
+    not known, an sft/rm/dpo run whose rows are not counted). ``steps``: an sft/rm/dpo run's
+    ``supervised_steps`` where counted (and ``checkpoint.every`` > 0)."""
 
     checkpoint: dict[str, float]
     checkpoints: int
     final: dict[str, float] = field(default_factory=dict)
     saves: Optional[int] = None
+    steps: Optional[StepBound] = None
 
     @property
     def per_checkpoint(self) -> float:
@@ -90,16 +101,37 @@ def hf_export_gb(spec: RunSpec, role: str, trained: int, full: int) -> float:
     return (b * full + adapter + TOKENIZER_BYTES_PER_TOKEN * spec.model.vocab + CONFIG_BYTES) / GB
 
 
-def saves(spec: RunSpec) -> Optional[int]:
-    """The checkpoints a run writes: every ``checkpoint.every`` steps and at the end (RL:
-    ``train.steps``); None for the supervised loops with ``checkpoint.every`` > 0, whose step
-    count comes from the data."""
+def supervised_steps(spec: RunSpec) -> Optional[StepBound]:
+    """At most the optimizer steps of an sft/rm/dpo run, from its training files' rows counted
+    without reading them whole (``rlhf.data.files.rows_bound``): (rows // batch) × algo.epochs, as
+    ``rlhf.loops.supervised.check_enough`` and ``total_steps`` count units. A row makes at most one
+    unit (an example, or a pair), and what comes between only lowers the count: the held-out
+    fraction, truncation's drops, packing. At least one step (fewer rows: the run refuses its
+    data). None for RL, or where a file is not counted (a Hub data set, a saved dataset dir)."""
+    if spec.algo.kind == "rl":
+        return None
+    from rlhf.data.files import rows_bound
+
+    d = spec.data
+    rows = rows_bound(list(d.train_files), list(d.weights) if d.weights else None)
+    if rows is None:
+        return None
+    return StepBound(max(1, rows // spec.batch.mini_batch_size * spec.algo.epochs), rows)
+
+
+def saves(spec: RunSpec, bound: Optional[StepBound] = None) -> Optional[int]:
+    """The checkpoints a run writes (at most): every ``checkpoint.every`` steps and at the end, of
+    ``train.steps`` (RL) or ``bound.steps`` (sft/rm/dpo: ``supervised_steps``; without it None,
+    the step count being the data's)."""
     every = spec.checkpoint.every
     if every <= 0:
         return 1
-    if spec.algo.kind != "rl":
+    if spec.algo.kind == "rl":
+        steps = spec.train.steps
+    elif bound is None:
         return None
-    steps = spec.train.steps
+    else:
+        steps = bound.steps
     return steps // every + (1 if steps % every else 0)
 
 
@@ -109,9 +141,10 @@ def need(spec: RunSpec) -> DiskNeed:
     A checkpoint: each trained role's DeepSpeed checkpoint, and its HF export when
     ``checkpoint.save_hf``. Rotation keeps k = keep_last checkpoints (one more, the best, with
     ``best_metric``) and deletes older ones only after the new one is in place: min(S, k + 1) are
-    on disk while one is written, S the run's saves. After the last save the final export (the
-    policy's and the critic's, written anew, not linked) joins the min(S, k) that remain. The peak
-    is the larger of the two."""
+    on disk while one is written, S the run's saves (sft/rm/dpo: at most those of the rows
+    counted, else unbounded). After the last save the final export (the policy's and the
+    critic's, written anew, not linked) joins the min(S, k) that remain. The peak is the larger
+    of the two."""
     ck = spec.checkpoint
     roles = trained_params(spec)
     one: dict[str, float] = {}
@@ -124,13 +157,14 @@ def need(spec: RunSpec) -> DiskNeed:
             one[f"{role} HF"] = hf
         final[role] = hf
     kept = ck.keep_last + (1 if ck.best_metric else 0)
-    n = saves(spec)
+    bound = supervised_steps(spec) if ck.every > 0 else None
+    n = saves(spec, bound)
     writing = kept + 1 if n is None else min(n, kept + 1)
     after = kept if n is None else min(n, kept)
     per = sum(one.values())
     if after * per + sum(final.values()) > writing * per:
-        return DiskNeed(one, after, final, n)
-    return DiskNeed(one, writing, {}, n)
+        return DiskNeed(one, after, final, n, bound)
+    return DiskNeed(one, writing, {}, n, bound)
 
 
 def over(est: DiskNeed, available: Optional[int]) -> bool:

@@ -126,7 +126,9 @@ def _rounded_up(gb: float) -> str:
 
 def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> str:
     """``disk at <run dir> (output_dir | hydra.run.dir): <n> checkpoint(s) × (parts) + final export
-    (parts) = X GB of Y GB free``, the parts in the unit of the total (MB for the CPU runs)."""
+    (parts) = X GB of Y GB free``, the parts in the unit of the total (MB for the CPU runs); for
+    sft/rm/dpo with ``checkpoint.every`` > 0, where the save count came from: ``· ≤ 2 saves in ≤ 4
+    steps of 64 training rows``, or rotation's worst case where the rows are not counted."""
     size = unit_of(need.total * memory.GB)[1]
 
     def sizes(parts: dict[str, float]) -> str:
@@ -138,7 +140,15 @@ def disk_line(spec: RunSpec, need: disk.DiskNeed, available: Optional[int]) -> s
         text += f" + final export ({sizes(need.final)})"
     free = f"of {human(available)} free" if available is not None else "(free space unknown)"
     where = f"{spec.run_dir} ({'output_dir' if spec.output_dir else 'hydra.run.dir'})"
-    return f"disk at {where}: {text} = {_amount(need.total)} {free}"
+    counted = ""
+    if spec.algo.kind != "rl" and spec.checkpoint.every > 0:
+        b, n = need.steps, need.saves
+        if b is not None and n is not None:
+            counted = (f" · ≤ {n} save{'s' if n != 1 else ''} in ≤ {b.steps} step{'s' if b.steps != 1 else ''} "
+                       f"of {b.rows} training rows")
+        else:
+            counted = " · steps from the data, not counted before reading it: as many checkpoints as rotation keeps"
+    return f"disk at {where}: {text} = {_amount(need.total)} {free}{counted}"
 
 
 def disk_warning(spec: RunSpec, need: disk.DiskNeed, available: Optional[int],

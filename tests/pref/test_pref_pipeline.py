@@ -6,6 +6,8 @@
 * DPO (recipe dpo_tiny): held-out preference accuracy >= 90%.
 * an SFT run stopped after its first epoch and resumed from its checkpoint ends where the
   uninterrupted pipeline SFT stage ended.
+* the SFT stage (a checkpoint every 16 of its steps, both kept) writes no more checkpoints than the
+  disk plan counts from its data (rlhf.spec.disk.supervised_steps).
 
 One Ray instance serves every run of this module.
 """
@@ -18,6 +20,8 @@ import os
 import pytest
 
 QUIET = ["tracking=none", "tracking.console=plain"]
+# the SFT stage's checkpoints: every 16 of its 32 steps, none rotated away (keep_last 2; counted by a test)
+SFT_CHECKPOINTS = ["checkpoint.every=16"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def pipeline(ray_session, tmp_path_factory):
     mp.setenv("RLHF_PIPELINE_DIR", str(root))
     try:
         for stage in ("sft", "rm", "ppo"):
-            _run(f"recipe=pipeline_{stage}")
+            _run(f"recipe=pipeline_{stage}", *(SFT_CHECKPOINTS if stage == "sft" else []))
     finally:
         mp.undo()
     return root
@@ -69,6 +73,23 @@ def test_sft_lowers_held_out_loss(pipeline):
     print(f"SFT: held-out loss {sft['eval/loss_before']:.3f} -> {sft['eval/loss_after']:.3f}")
     assert sft["eval/loss_after"] < 0.5 * sft["eval/loss_before"], sft
     assert (pipeline / "sft" / "final" / "hf" / "config.json").exists()
+
+
+def test_sft_writes_no_more_checkpoints_than_the_disk_plan_counts(pipeline, monkeypatch):
+    """The plan's saves of the stage (its rows counted in the files, before reading them) against
+    the checkpoints the run committed: every 16 steps of 2 epochs of 512 rows, 32 a step."""
+    from rlhf.ckpt.manager import CheckpointManager
+    from rlhf.spec import disk
+    from tests.helpers import planned_spec
+
+    monkeypatch.setenv("RLHF_PIPELINE_DIR", str(pipeline))
+    spec = planned_spec(["recipe=pipeline_sft", *SFT_CHECKPOINTS])
+    written = [c.step for c in CheckpointManager(pipeline / "sft", every=0, keep_last=1).complete()]
+    steps = [r["step"] for r in _steps(pipeline / "sft") if "train/loss" in r]
+    need = disk.need(spec)
+    assert written == [16, 32] and len(steps) == 32, (written, len(steps))
+    assert need.saves == len(written) and need.steps.steps == len(steps), need  # a bound, here exact
+    assert need.checkpoints >= len(written) and need.final  # both alive beside final/ at the end
 
 
 def test_reward_model_ranks_held_out_pairs(pipeline):

@@ -79,10 +79,10 @@ def test_checkpoints_alive_at_the_peak_by_hand(overrides, per_param, alive):
 
 def test_lora_checkpoints_hold_the_adapters_and_exports_the_merged_model():
     """LoRA: the DeepSpeed checkpoint has the adapters only (14 B each); the HF export the merged
-    weights and the adapter; SFT with checkpoint.every > 0: the step count is the data's, so as
-    many checkpoints as rotation keeps, plus the one being written."""
+    weights and the adapter; SFT with checkpoint.every > 0 on rows not counted (a Hub data set):
+    as many checkpoints as rotation keeps, plus the one being written."""
     spec = planned_spec(["algo=sft", "model=qwen2.5-1.5b", "hardware=1xh200", "model.lora.rank=8",
-                         "model.lora.alpha=16", "checkpoint.every=100"])
+                         "model.lora.alpha=16", "checkpoint.every=100", "data.train_files=[hub:org/sft:train]"])
     p, _ = _qwen15_params()
     kv = H // HEADS * KV
     lora = L * 8 * (2 * (H + H) + 2 * (H + kv) + 2 * (H + I) + (I + H))  # q,o; k,v; gate,up; down
