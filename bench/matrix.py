@@ -82,9 +82,9 @@ PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib"
 # what the tensors held at most (reserved minus this is the caching allocator's own share)
 ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
 MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
-# a cell's run at the least (Ray, vLLM start, 2 steps, a checkpoint and the export at 1.5B: 100-200 s
-# on one H200); one started with less is killed at the budget part way, which tells nothing
-MIN_CELL_S = 150
+# a cell's run at the most seen (Ray, vLLM start, 2 steps, a checkpoint and the export at 1.5B: 100-200 s
+# on one H200); one started with less may be killed at the budget part way, which tells nothing
+MIN_CELL_S = 200
 # below this much free disk, model dirs that no later cell of the run needs are deleted (a 7B one is 15 GB)
 LOW_DISK_GB = 60
 

@@ -14,6 +14,11 @@ float64 forward of the same (bf16-rounded) weights, under two initialisations:
 If the growth is the random init's scale, the ``fan_in`` rows stay level across widths while the
 ``hf`` rows grow; if it were the trainer's numerics (ours), both would grow.
 
+Both forwards share the weights exactly (the bf16 model cast in place to float64 after its own
+forward; bf16 → float64 → bf16 is exact), including RoPE's bf16-rounded frequencies; transformers
+keeps RMSNorm and RoPE in float32 even in the float64 model, about 1e-7 of error, nothing next to
+bf16's.
+
     python -m bench.mismatch_init                      # 0.5B, 1.5B, 7B widths, 4 layers (CPU, minutes)
     python -m bench.mismatch_init --layers 2 --seqs 2 --seq-len 64 --presets qwen2.5-0.5b   # seconds
 """

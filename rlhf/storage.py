@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -195,13 +196,26 @@ def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:
 
 
 def _sibling(final: Path) -> Path:
-    """A new hidden dir beside ``final``, with the permissions a plain mkdir would give it
-    (mkdtemp's 0700 would follow the rename and hide the model from other users)."""
+    """A new hidden dir beside ``final``, with the permissions a plain mkdir would give it:
+    mkdtemp's 0700 would follow the rename and hide the model from other users, and a group-shared
+    parent's setgid bit (group inheritance) is kept."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)
+    mode = 0o777 & ~_umask()
+    os.chmod(tmp, mode | (final.parent.stat().st_mode & stat.S_ISGID))
     return tmp
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, briefly, for every
+    thread of the process)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 @contextlib.contextmanager
@@ -232,9 +246,13 @@ def atomic_dir(final: Path) -> Iterator[Optional[Path]]:
 def publish(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling dir to fill, then put it in place of ``final`` (an older ``final``
     is replaced): a reader, or a run killed mid-write, sees the whole dir or none of it. An
-    exception inside the block removes the temporary dir and leaves ``final`` as it was."""
+    exception inside the block removes the temporary dir and leaves ``final`` as it was. What an
+    earlier writer killed part way left beside ``final`` (``.<name>.*``) is removed first: one
+    process writes ``final``."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = _sibling(final)
     try:
         yield tmp

@@ -23,6 +23,8 @@ from typing import Any, Optional, Sequence
 
 from hydra.core.utils import JobReturn, configure_log, run_job, setup_globals
 
+from rlhf.spec.runspec import RunSpec
+
 
 def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: Sequence[Sequence[str]],
            initial_job_idx: int) -> list[JobReturn]:
@@ -95,12 +97,17 @@ class DiskClaim:
     need: int  # bytes
 
     @classmethod
-    def of(cls, spec: Any) -> "DiskClaim":
+    def of(cls, spec: RunSpec) -> "DiskClaim":
+        """The job's claim; none (0 bytes) where its need cannot be worked out: its own start-of-run
+        check then says why, as a job's failure, not the sweep's."""
         from rlhf.spec import disk
         from rlhf.spec.memory import GB
 
         run_dir = Path(spec.run_dir).expanduser().absolute()
-        need = int(disk.need(spec).total * GB) if spec.mode == "run" else 0
+        try:
+            need = int(disk.need(spec).total * GB) if spec.mode == "run" else 0
+        except Exception:  # noqa: BLE001 - e.g. a data file the step count could not read
+            need = 0
         return cls(run_dir, _filesystem(run_dir), need)
 
     def left(self) -> int:

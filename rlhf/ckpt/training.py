@@ -91,12 +91,14 @@ def restore(info: CheckpointInfo, cluster: Any) -> dict:
 
 
 def export_final(spec: RunSpec, cluster: Any, run_dir: str) -> str:
-    """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready."""
+    """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready. The
+    policy's comes last: each is renamed into place whole, and ``final/hf`` is what ``resume=``
+    takes for a finished export."""
     final = Path(run_dir) / "final"
     with exporting(run_dir, final / "hf", final / "critic_hf"):
-        cluster.actor.call(PolicyWorker.save_hf, str(final / "hf"))
         if cluster.critic is not None:
             cluster.critic.call(CriticWorker.save_hf, str(final / "critic_hf"))
+        cluster.actor.call(PolicyWorker.save_hf, str(final / "hf"))
     return str(final / "hf")
 
 

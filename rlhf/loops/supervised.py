@@ -220,10 +220,10 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
 
     final = Path(run_dir) / "final"
     with exporting(run_dir, final / "hf", final / "metrics.json"):
-        paths = [p for p in cluster.actor.call(PolicyWorker.save_hf, str(final / "hf")) if p]
-        final.mkdir(exist_ok=True)
+        final.mkdir(parents=True, exist_ok=True)  # final/hf last, whole: its presence means the export is done
         with open(final / "metrics.json", "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)
+        paths = [p for p in cluster.actor.call(PolicyWorker.save_hf, str(final / "hf")) if p]
     console.print(f"saved {paths[0] if paths else final / 'hf'} (HF format) and {final / 'metrics.json'}")
     return str(final / "hf")
 

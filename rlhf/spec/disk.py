@@ -122,7 +122,9 @@ def supervised_steps(spec: RunSpec) -> Optional[StepBound]:
 def saves(spec: RunSpec, bound: Optional[StepBound] = None) -> Optional[int]:
     """The checkpoints a run writes (at most): every ``checkpoint.every`` steps and at the end, of
     ``train.steps`` (RL) or ``bound.steps`` (sft/rm/dpo: ``supervised_steps``; without it None,
-    the step count being the data's)."""
+    the step count being the data's). A resumed run counts one more: the checkpoint it resumes
+    from may be a stop's (Ctrl-C, SIGTERM), off the ``every`` grid, and rotation keeps it beside
+    the grid's."""
     every = spec.checkpoint.every
     if every <= 0:
         return 1
@@ -132,7 +134,7 @@ def saves(spec: RunSpec, bound: Optional[StepBound] = None) -> Optional[int]:
         return None
     else:
         steps = bound.steps
-    return steps // every + (1 if steps % every else 0)
+    return steps // every + (1 if steps % every else 0) + (1 if spec.resume else 0)
 
 
 def need(spec: RunSpec) -> DiskNeed:

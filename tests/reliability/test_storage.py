@@ -180,3 +180,26 @@ def test_publish_gives_the_dir_the_permissions_of_a_plain_mkdir(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "hf").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 == 0o755
+
+
+def test_publish_removes_what_a_killed_writer_left_and_keeps_a_setgid_group(tmp_path):
+    """A writer killed part way leaves its hidden dir (and, between the two renames, the old dir set
+    aside): the next publish of the same name removes them, and nothing else. In a group-shared
+    (setgid) parent the published dir keeps the bit, as a plain mkdir there would."""
+    import stat
+
+    from rlhf.storage import publish
+
+    parent = tmp_path / "final"
+    parent.mkdir()
+    os.chmod(parent, 0o2775)
+    for left in (".hf.abc123", ".hf.old.xyz789"):
+        (parent / left).mkdir()
+        (parent / left / "model.safetensors").write_bytes(b"\0" * 1000)
+    (parent / ".adapter.keep1").mkdir()  # another name's: not ours to remove
+    with publish(parent / "hf") as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in parent.iterdir()) == [".adapter.keep1", "hf"]
+    plain = parent / "plain"
+    plain.mkdir()
+    assert (parent / "hf").stat().st_mode & stat.S_ISGID == plain.stat().st_mode & stat.S_ISGID != 0

@@ -288,3 +288,31 @@ def test_a_run_dirs_own_checkpoints_count_as_room(real_disk, monkeypatch, tmp_pa
     monkeypatch.setattr(storage, "free_bytes", lambda path: 10_000)
     spec = planned_spec([f"output_dir={run}"])
     assert disk.available_bytes(spec) == 13_500
+
+
+@pytest.mark.parametrize("every, steps, stop, over_fresh", [(16, 32, 5, True), (2, 2, 1, True), (10, 120, 115, False)])
+def test_a_resumed_run_plans_the_stop_checkpoint_it_resumes_from(tmp_path, every, steps, stop, over_fresh):
+    """A run stopped (Ctrl-C) at step ``stop`` writes a checkpoint off the ``every`` grid; resumed,
+    it saves on the grid and at the end while rotation (keep_last 2) keeps the stop's beside them.
+    The most checkpoints on disk at once, counted with the real CheckpointManager, is at most what
+    the resumed run's plan says, and in the first two cases more than the fresh run's plan (which
+    is why a resumed run counts one save more)."""
+    from rlhf.ckpt.manager import CheckpointManager
+
+    args = ["model=qwen2.5-0.5b", f"checkpoint.every={every}", f"train.steps={steps}", "checkpoint.keep_last=2"]
+    fresh, resumed = planned_spec(args), planned_spec([*args, f"resume={tmp_path}"])
+    ckpt = CheckpointManager(tmp_path, every=every, keep_last=2)
+    peak = 0
+
+    def save(step: int) -> None:
+        nonlocal peak
+        tmp = ckpt.begin(step)
+        peak = max(peak, len(ckpt.complete()) + 1)  # the one being written, beside the complete ones
+        ckpt.commit(tmp, step)
+
+    save(stop)  # the stop checkpoint of the first run
+    for step in range(stop + 1, steps + 1):  # the resumed run
+        if ckpt.due(step, steps):
+            save(step)
+    assert peak <= disk.need(resumed).checkpoints
+    assert (peak > disk.need(fresh).checkpoints) == over_fresh
