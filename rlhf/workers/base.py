@@ -56,6 +56,23 @@ def skip_unused_imports() -> None:
         pass
 
 
+def offloads_optimizer(spec: RunSpec, role: str) -> bool:
+    """``role``'s process steps DeepSpeed's CPU Adam: a trained role of a GPU run with the optimizer
+    offloaded (ZeRO >= 1; rlhf.workers.train)."""
+    return (spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0
+            and role in ("actor", "critic"))
+
+
+def host_optimizer_threads(spec: RunSpec, cores: int) -> int:
+    """Threads for one process's CPU Adam: the node's ``cores`` shared by its GPUs, and on a GPU of
+    a hybrid placement by the trained roles whose updates run there at once (the actor and PPO's
+    critic); RLHF_CPU_THREADS overrides."""
+    if os.environ.get("RLHF_CPU_THREADS"):
+        return max(1, int(os.environ["RLHF_CPU_THREADS"]))
+    per_device = sum(r in spec.roles for r in ("actor", "critic")) if spec.layout.mode == "hybrid" else 1
+    return max(1, cores // max(1, spec.hardware.devices_per_node) // max(1, per_device))
+
+
 class Worker:
     """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
 
@@ -74,6 +91,14 @@ class Worker:
             # on one (spin-waiting); set RLHF_CPU_THREADS to give each worker more
             threads = int(os.environ.get("RLHF_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
                           or max(1, (os.cpu_count() or 1) // max(world_size, 1)))
+            torch.set_num_threads(threads)
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        elif offloads_optimizer(spec, role):
+            # Ray sets OMP_NUM_THREADS=1 in an actor holding under one CPU (every GPU worker here),
+            # and DeepSpeed's CPU Adam is an OpenMP loop: it would step on one core. Both, because
+            # its op shares torch's OpenMP runtime when their libgomp is one (the runtime read the
+            # variable at torch's import), and reads the variable when it loads its own.
+            threads = host_optimizer_threads(spec, len(os.sched_getaffinity(0)))
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.manual_seed(spec.train.seed)
