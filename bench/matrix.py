@@ -81,7 +81,9 @@ FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host me
 PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
 # what the tensors held at most (reserved minus this is the caching allocator's own share)
 ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
-MEMORY_KEYS = ("memory/train_resident_gib", "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
+# what each training process keeps on the GPU while vLLM generates (the actor's, the critic's, the reference's)
+RESIDENT_KEYS = tuple(k.replace("_peak_reserved_", "_resident_") for k in PEAK_KEYS)
+MEMORY_KEYS = (*RESIDENT_KEYS, "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
 # a cell's run at the most seen (Ray, vLLM start, 2 steps, a checkpoint and the export at 1.5B: 100-200 s
 # on one H200); one started with less may be killed at the budget part way, which tells nothing
 MIN_CELL_S = 200
@@ -242,6 +244,13 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log:
                 rec.setdefault("last_step", {})[k] = vals[-1]  # steady state: no first-step compiles
     rec["exported"] = (out_dir / "final" / "hf" / "config.json").exists()
     rec["checkpointed"] = any((out_dir / "checkpoints").glob("step_*")) if (out_dir / "checkpoints").exists() else False
+    # the generation phase: what the training processes keep on the GPU and what vLLM frees when it
+    # sleeps (its KV cache and weights; its CUDA context and graphs are not in it)
+    gen_gb, last = rec["plan"].get("generation phase"), rec.get("last_step", {})
+    if gen_gb and last.get("memory/vllm_freed_gib"):
+        held = last["memory/vllm_freed_gib"] + sum(last.get(k, 0.0) for k in RESIDENT_KEYS)
+        rec["generation_measured_gb"] = round(held * 2**30 / 1e9, 2)
+        rec["generation_measured_over_plan"] = round(rec["generation_measured_gb"] / gen_gb, 3)
     train_gb = rec["plan"].get("training phase") or rec["plan"].get("actor")
     # every training process's peak on the GPU (actor, critic, reference: one GPU in hybrid)
     peaks = [rec[k] for k in PEAK_KEYS if rec.get(k)]

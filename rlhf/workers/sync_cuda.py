@@ -373,7 +373,6 @@ class TrainStates:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         out["time/offload_train"] = time.perf_counter() - t0
-        out["memory/train_resident_gib"] = torch.cuda.memory_reserved() / 2**30
         return out
 
     def reload(self) -> dict[str, float]:

@@ -286,8 +286,12 @@ class TrainedWorker(_Model):
         self.states = TrainStates(self.engine, self.spec.train.zero_stage)
 
     def offload_train_states(self) -> dict[str, float]:
-        """Parameters, gradients and optimizer states to host memory (hybrid placement on GPU)."""
-        return self.states.offload()
+        """Parameters, gradients and optimizer states to host memory (hybrid placement on GPU); what
+        stays on the GPU, under the role's name (the actor's and the critic's both reach the loop)."""
+        import torch
+
+        return {**self.states.offload(),
+                f"memory/{self._memory_name()}_resident_gib": torch.cuda.memory_reserved() / 2**30}
 
     def reload_train_states(self) -> dict[str, float]:
         return self.states.reload()

@@ -89,7 +89,8 @@ def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path,
     steps = [{"memory/train_peak_reserved_gib": 30.0, "memory/train_peak_allocated_gib": 20.0,
               "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0},
              {"memory/train_peak_reserved_gib": 25.0, "memory/train_peak_allocated_gib": 22.0,
-              "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0}]
+              "memory/reference_peak_reserved_gib": 2.0, "perf/micro_batch_tokens_max": 0,
+              "memory/train_resident_gib": 8.0, "memory/critic_resident_gib": 7.0, "memory/vllm_freed_gib": 60.0}]
 
     def fake_cli(args, timeout, log=None):
         out_dir.mkdir(exist_ok=True)
@@ -98,12 +99,16 @@ def test_a_fitting_cells_peaks_max_last_and_allocated_against_the_plan(tmp_path,
 
     monkeypatch.setattr(matrix, "run_cli", fake_cli)
     monkeypatch.setattr(matrix.shutil, "rmtree", lambda *a, **k: None)
-    rec = matrix.run_fitting({"plan": {"training phase": 50.0}, "plan_lines": []}, [], out_dir, deadline=1e12)
+    rec = matrix.run_fitting({"plan": {"training phase": 50.0, "generation phase": 90.0}, "plan_lines": []}, [],
+                             out_dir, deadline=1e12)
     assert rec["train_measured_gb"] == pytest.approx((30 + 2) * gib, abs=0.01)
     assert rec["train_measured_last_gb"] == pytest.approx((25 + 2) * gib, abs=0.01)
     assert rec["train_measured_last_over_plan"] == pytest.approx((25 + 2) * gib / 50, abs=0.001)
     assert rec["train_allocated_gb"] == pytest.approx(22 * gib, abs=0.01)  # the reference logged no allocated peak
     assert rec["train_allocated_over_plan"] == pytest.approx(22 * gib / 50, abs=0.001)
+    # the generation phase: every training process's resident state (the critic's too) and vLLM's
+    assert rec["generation_measured_gb"] == pytest.approx((8 + 7 + 60) * gib, abs=0.01)
+    assert rec["generation_measured_over_plan"] == pytest.approx((8 + 7 + 60) * gib / 90, abs=0.001)
 
 
 def test_a_runs_whole_output_is_kept(tmp_path, monkeypatch):

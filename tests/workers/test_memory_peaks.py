@@ -108,3 +108,17 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
     out = w.train_step([{}], objective=None)
     assert out["memory/train_peak_reserved_gib"] == 7.0 and out["memory/train_peak_allocated_gib"] == 6.0
     assert out["lr"] == 0.1
+
+
+def test_offloading_reports_each_roles_resident_state_under_its_name(monkeypatch):
+    """The actor's and the critic's figures reach the loop together (rlhf.workers.schedule): each
+    under its role's name, so the critic's is not dropped for the actor's."""
+    from rlhf.workers.train import CriticWorker
+
+    fake = FakeCuda()
+    fake.emptied = 1  # after the offload's empty_cache: 4 GiB left
+    monkeypatch.setattr(torch, "cuda", fake)
+    for cls, role, name in ((PolicyWorker, "actor", "train"), (CriticWorker, "critic", "critic")):
+        w = bare(cls, "cuda", role)
+        w.states = type("States", (), {"offload": lambda self: {"time/offload_train": 0.5}})()
+        assert w.offload_train_states() == {"time/offload_train": 0.5, f"memory/{name}_resident_gib": 4.0}
