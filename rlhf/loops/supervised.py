@@ -367,8 +367,10 @@ def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_di
             units = order[k * G:(k + 1) * G]
             ranks = cluster.actor.scatter(PolicyWorker.train_step, shards_of(units), objective)
             peaks = [{k: r.pop(k) for k in list(r) if k.startswith("memory/")} for r in ranks]  # CUDA only
+            longest = max(r.pop("perf/micro_batch_tokens_max") for r in ranks)
             m = step_metrics(add_sums(ranks))
             m.update(combine_ranks(peaks))  # the largest rank's: a rank runs out of memory on its own peak
+            m["perf/micro_batch_tokens_max"] = longest
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
             log.step(step, m)
             done = step + 1

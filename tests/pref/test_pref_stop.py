@@ -20,7 +20,7 @@ class _Actor:
         self.calls += 1
         if self.calls == self.at_call:  # the signal arrives in the middle of this step
             os.kill(os.getpid(), self.signum)
-        return [{"loss": 1.0, "n": 1.0}]
+        return [{"loss": 1.0, "n": 1.0, "perf/micro_batch_tokens_max": 8.0}]
 
 
 class _Manager:
@@ -75,8 +75,9 @@ class _PeakActor:
     def scatter(self, method, shards, objective):
         assert method.__name__ == "train_step"
         self.steps += 1
-        return [{"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": 0.5},
-                {"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": float(self.steps)}]
+        return [{"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": 0.5, "perf/micro_batch_tokens_max": 64.0},
+                {"loss": 1.0, "n": 1.0, "memory/train_peak_reserved_gib": float(self.steps),
+                 "perf/micro_batch_tokens_max": 32.0 * self.steps}]
 
 
 def test_supervised_steps_log_their_own_memory_peaks_on_cuda(tmp_path, monkeypatch):
@@ -109,3 +110,6 @@ def test_supervised_steps_log_their_own_memory_peaks_on_cuda(tmp_path, monkeypat
     peaks = [r["memory/train_peak_reserved_gib"] for r in rows if "train/loss" in r]
     # step k's largest rank's peak is k (a sum over ranks would be k + 0.5)
     assert peaks == [float(k) for k in range(1, 2 * spec.algo.epochs + 1)]
+    # the largest micro-batch of any rank: 64 tokens, then 64, 96, 128
+    tokens = [r["perf/micro_batch_tokens_max"] for r in rows if "train/loss" in r]
+    assert tokens == [max(64.0, 32.0 * k) for k in range(1, 2 * spec.algo.epochs + 1)]

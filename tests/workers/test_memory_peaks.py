@@ -105,9 +105,10 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
 
     w._run_fn = run_fn
     fake.reserved, fake.allocated = 100 * GIB, 90 * GIB  # an evaluation before the step
-    out = w.train_step([{}], objective=None)
+    out = w.train_step([{"input_ids": torch.zeros(4, 96)}], objective=None)
     assert out["memory/train_peak_reserved_gib"] == 7.0 and out["memory/train_peak_allocated_gib"] == 6.0
     assert out["lr"] == 0.1
+    assert out["perf/micro_batch_tokens_max"] == 4 * 96  # padding included: what the passes held
 
 
 def test_offloading_reports_each_roles_resident_state_under_its_name(monkeypatch):
