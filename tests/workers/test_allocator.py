@@ -26,7 +26,8 @@ def _restore(monkeypatch):
 
 
 def _spec(device: str, on: bool):
-    return SimpleNamespace(device=device, train=SimpleNamespace(seed=0, expandable_segments=on))
+    return SimpleNamespace(device=device, train=SimpleNamespace(seed=0, expandable_segments=on, offload_optimizer=False,
+                                                                zero_stage=2))
 
 
 def test_a_gpu_training_process_turns_expandable_segments_on_first():
