@@ -84,14 +84,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
-def step_shards(units: Sequence[int], spec: RunSpec) -> list[list[list[int]]]:
-    """The unit indices of one optimizer step → per rank → per micro-batch."""
+def step_shards(units: Sequence[int], spec: RunSpec,
+                tokens: Optional[Callable[[list[int]], int]] = None) -> list[list[list[int]]]:
+    """The unit indices of one optimizer step → per rank → per micro-batch. With ``tokens`` (a
+    micro-batch's padded size), each rank runs its largest micro-batch first, as the RL update does
+    (``rlhf.data.packing.largest_first``): the later ones fit in the blocks it leaves cached."""
     W, m, acc = spec.batch.train_world_size, spec.batch.micro_batch_size, spec.batch.grad_accum
     per_rank = len(units) // W
     out = []
     for r in range(W):
         mine = list(units[r * per_rank:(r + 1) * per_rank])
-        out.append([mine[k * m:(k + 1) * m] for k in range(acc)])
+        mbs = [mine[k * m:(k + 1) * m] for k in range(acc)]
+        if tokens is not None:
+            mbs.sort(key=tokens, reverse=True)  # stable: equal sizes keep their order
+        out.append(mbs)
     return out
 
 
@@ -306,6 +312,13 @@ def pair_collator(prepared: Prepared, pack: bool) -> Callable[[list, Sequence[in
         return collate_pairs([pairs[i] for i in units], pad, pack=pack, max_length=L)
 
     return mb_of
+
+
+def padded_pair_tokens(pairs: Sequence[Any]) -> Callable[[list[int]], int]:
+    """A micro-batch of pairs' size unpacked: its 2·n sequences padded to the longest (``step_shards``
+    orders by it)."""
+    return lambda units: 2 * len(units) * max((len(pairs[i].prompt) + max(len(pairs[i].chosen), len(pairs[i].rejected))
+                                               for i in units), default=0)
 
 
 def optional(x: Optional[float]) -> float:
