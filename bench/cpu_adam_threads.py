@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     base, fixed = rows
-    result = {"ray_default": base, "worker_setting": fixed, "speedup": base["step_s"] / fixed["step_s"]}
+    result = {"ray_default": base, "worker_setting": fixed, "speedup": base["step_s"] / fixed["step_s"],
+              "steps": a.steps}
     print(f"CPU Adam, {int(a.params):,} parameters: OMP_NUM_THREADS=1 (Ray's) {base['step_s'] * 1e3:.1f} ms/step "
           f"(OpenMP threads {base['omp_max_threads']}); the worker's setting {fixed['step_s'] * 1e3:.1f} ms/step "
           f"(OpenMP threads {fixed['omp_max_threads']}); {result['speedup']:.2f}x")

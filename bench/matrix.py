@@ -78,10 +78,11 @@ CELLS: dict[str, tuple[str, list[str]]] = {
 
 FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host memory per node):.*= ([0-9.]+) of ([0-9.]+)",
                     re.M)
-PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib")
+PEAK_KEYS = ("memory/train_peak_reserved_gib", "memory/critic_peak_reserved_gib", "memory/reference_peak_reserved_gib",
+             "memory/reward_peak_reserved_gib")
 # what the tensors held at most (reserved minus this is the caching allocator's own share)
 ALLOCATED_KEYS = tuple(k.replace("_reserved_", "_allocated_") for k in PEAK_KEYS)
-# what each training process keeps on the GPU while vLLM generates (the actor's, the critic's, the reference's)
+# what each training process keeps on the GPU while vLLM generates (actor, critic, reference, reward model)
 RESIDENT_KEYS = tuple(k.replace("_peak_reserved_", "_resident_") for k in PEAK_KEYS)
 MEMORY_KEYS = (*RESIDENT_KEYS, "memory/vllm_freed_gib", *PEAK_KEYS, *ALLOCATED_KEYS)
 # a cell's run at the most seen (Ray, vLLM start, 2 steps, a checkpoint and the export at 1.5B: 100-200 s

@@ -71,7 +71,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     def shards_of(units: list[int]) -> list[list[dict]]:
         scale = sup.scale_tensor(B.train_world_size / len(units))  # mean over the step's pairs
         out = []
-        for rank in sup.step_shards(units, spec, sup.padded_pair_tokens(pairs)):
+        for rank in sup.step_shards(units, spec, sup.pair_tokens(pairs)):
             mbs = []
             for u in rank:
                 mb = {**mb_of(pairs, u), "loss_scale": scale}

@@ -51,7 +51,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
     def shards_of(units: list[int]) -> list[list[dict]]:
         scale = sup.scale_tensor(B.train_world_size / len(units))  # mean over the step's pairs
         return [[{**mb_of(pairs, u), "loss_scale": scale} for u in rank]
-                for rank in sup.step_shards(units, spec, sup.padded_pair_tokens(pairs))]
+                for rank in sup.step_shards(units, spec, sup.pair_tokens(pairs))]
 
     def step_metrics(st: dict[str, float]) -> dict[str, float]:
         n = max(st["pairs"], 1.0)

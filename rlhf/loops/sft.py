@@ -53,15 +53,15 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
         loss = nll / max(tokens, 1.0)
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0)), "eval/tokens": tokens}
 
-    def padded_tokens(mb: list[int]) -> int:  # a micro-batch's rows padded to the longest
-        return len(mb) * max((len(rows[i].input_ids) for i in mb), default=0)
+    def real_tokens(mb: list[int]) -> int:  # what the padding-free passes run over
+        return sum(len(rows[i].input_ids) for i in mb)
 
     def shards_of(units: list[int]) -> list[list[dict]]:
         """One step's rows per rank and micro-batch; the loss is a token mean over the whole step."""
         tokens = sum(sum(rows[i].loss_mask) for i in units)
         scale = sup.scale_tensor(B.train_world_size / max(tokens, 1))
         return sup.agree_head_rows([[{**collate([rows[i] for i in mb], pad), "loss_scale": scale} for mb in rank]
-                                    for rank in sup.step_shards(units, spec, padded_tokens)], zero3)
+                                    for rank in sup.step_shards(units, spec, real_tokens)], zero3)
 
     def step_metrics(st: dict[str, float]) -> dict[str, float]:
         return {"train/loss": st["nll_sum"] / max(st["tokens"], 1.0), "train/tokens": st["tokens"],

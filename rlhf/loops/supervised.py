@@ -87,7 +87,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 def step_shards(units: Sequence[int], spec: RunSpec,
                 tokens: Optional[Callable[[list[int]], int]] = None) -> list[list[list[int]]]:
     """The unit indices of one optimizer step → per rank → per micro-batch. With ``tokens`` (a
-    micro-batch's padded size), each rank runs its largest micro-batch first, as the RL update does
+    micro-batch's real tokens), each rank runs its largest micro-batch first, as the RL update does
     (``rlhf.data.packing.largest_first``): the later ones fit in the blocks it leaves cached."""
     W, m, acc = spec.batch.train_world_size, spec.batch.micro_batch_size, spec.batch.grad_accum
     per_rank = len(units) // W
@@ -314,11 +314,10 @@ def pair_collator(prepared: Prepared, pack: bool) -> Callable[[list, Sequence[in
     return mb_of
 
 
-def padded_pair_tokens(pairs: Sequence[Any]) -> Callable[[list[int]], int]:
-    """A micro-batch of pairs' size unpacked: its 2·n sequences padded to the longest (``step_shards``
-    orders by it)."""
-    return lambda units: 2 * len(units) * max((len(pairs[i].prompt) + max(len(pairs[i].chosen), len(pairs[i].rejected))
-                                               for i in units), default=0)
+def pair_tokens(pairs: Sequence[Any]) -> Callable[[list[int]], int]:
+    """A micro-batch of pairs' real tokens: each pair's prompt twice, its chosen and its rejected
+    response (``step_shards`` orders by it; the passes run padding-free)."""
+    return lambda units: sum(2 * len(pairs[i].prompt) + len(pairs[i].chosen) + len(pairs[i].rejected) for i in units)
 
 
 def optional(x: Optional[float]) -> float:

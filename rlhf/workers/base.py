@@ -73,6 +73,27 @@ def host_optimizer_threads(spec: RunSpec, cores: int) -> int:
     return max(1, cores // max(1, spec.hardware.devices_per_node) // max(1, per_device))
 
 
+def node_cores() -> int:
+    """The cores this process may use: those it may run on, within a container's CPU quota
+    (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), as Ray counts a node's CPUs."""
+    cores = len(os.sched_getaffinity(0))
+    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
+                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            with open(quota_file) as f:
+                fields = f.read().split()
+            if period_file:
+                with open(period_file) as f:
+                    fields.append(f.read().strip())
+            quota, period = fields[0], fields[1]
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1") and int(period) > 0:
+            cores = min(cores, max(1, int(quota) // int(period)))
+        break
+    return cores
+
+
 class Worker:
     """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
 
@@ -94,11 +115,13 @@ class Worker:
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
         elif offloads_optimizer(spec, role):
-            # Ray sets OMP_NUM_THREADS=1 in an actor holding under one CPU (every GPU worker here),
-            # and DeepSpeed's CPU Adam is an OpenMP loop: it would step on one core. Both, because
-            # its op shares torch's OpenMP runtime when their libgomp is one (the runtime read the
-            # variable at torch's import), and reads the variable when it loads its own.
-            threads = host_optimizer_threads(spec, len(os.sched_getaffinity(0)))
+            # Ray sets OMP_NUM_THREADS to an actor's whole CPUs, at least 1: 1 for every GPU worker
+            # here (a share of a GPU bundle's CPU, or its one CPU), and DeepSpeed's CPU Adam is an
+            # OpenMP loop: it would step on one core. The op's loop runs on torch's OpenMP runtime
+            # (its GOMP symbols resolve through libtorch), whose thread count torch.set_num_threads
+            # sets for this thread: the one Ray runs this actor's every call on (max_concurrency 1,
+            # rlhf.launch.group.spawn_actor). The variable too, for a build that loads its own.
+            threads = host_optimizer_threads(spec, node_cores())
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.manual_seed(spec.train.seed)

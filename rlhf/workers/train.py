@@ -71,6 +71,12 @@ def _optimizer(spec: RunSpec, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
 
 
+def _real_tokens(mb: dict) -> int:
+    """A supervised micro-batch's real tokens: its collate's ``real_index`` (padding-free passes),
+    else every position (a padded one)."""
+    return int(mb["real_index"].numel()) if "real_index" in mb else int(mb["input_ids"].numel())
+
+
 def _warmup(optimizer, warmup_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
@@ -411,9 +417,9 @@ class PolicyWorker(TrainedWorker):
         """One optimizer step of a supervised loop: ``loss, stats = objective(model, mb)`` on each
         of this rank's micro-batches (exactly ``spec.batch.grad_accum`` of them), backward, step.
         Losses arrive already scaled for the global batch (``mb["loss_scale"]``). Returns the
-        summed stats plus ``grad_norm``, ``lr``, the largest micro-batch's tokens (padding included:
-        what its passes held; ``perf/micro_batch_tokens_max``) and, on CUDA, this step's memory
-        peaks (``memory_peaks``: ``memory/*``)."""
+        summed stats plus ``grad_norm``, ``lr``, the largest micro-batch's real tokens (what its
+        padding-free passes run over, as the RL update counts them; ``perf/micro_batch_tokens_max``)
+        and, on CUDA, this step's memory peaks (``memory_peaks``: ``memory/*``)."""
         if len(micro_batches) != self.engine.gradient_accumulation_steps():
             raise ValueError(f"train_step got {len(micro_batches)} micro-batches; DeepSpeed accumulates "
                              f"{self.engine.gradient_accumulation_steps()} per optimizer step")
@@ -431,7 +437,7 @@ class PolicyWorker(TrainedWorker):
         gn = self.last_grad_norm
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
-        sums["perf/micro_batch_tokens_max"] = float(max(mb["input_ids"].numel() for mb in micro_batches))
+        sums["perf/micro_batch_tokens_max"] = float(max(_real_tokens(mb) for mb in micro_batches))
         return {**sums, **self.memory_peaks()}
 
     def save_hf(self, path: str) -> Optional[str]:

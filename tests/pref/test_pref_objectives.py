@@ -105,11 +105,11 @@ def test_step_and_eval_shards():
     shards = sup.step_shards(list(range(12)), spec)
     assert shards == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
     # with sizes, each rank's largest micro-batch first; the ranks keep their units
-    size = {0: 5, 1: 1, 2: 1, 3: 9, 4: 1, 5: 1, 6: 2, 7: 2, 8: 2, 9: 2, 10: 2, 11: 2}
-    by_size = sup.step_shards(list(range(12)), spec, lambda mb: len(mb) * max(size[u] for u in mb))
+    size = {0: 5, 1: 1, 2: 1, 3: 6, 4: 1, 5: 1, 6: 2, 7: 2, 8: 2, 9: 2, 10: 2, 11: 2}
+    by_size = sup.step_shards(list(range(12)), spec, lambda mb: sum(size[u] for u in mb))
     assert by_size == [[[3, 4, 5], [0, 1, 2]], [[6, 7, 8], [9, 10, 11]]]  # ties keep their order
     pairs = [SimpleNamespace(prompt=[1] * p, chosen=[1] * c, rejected=[1] * r) for p, c, r in ((2, 3, 5), (4, 1, 1))]
-    assert sup.padded_pair_tokens(pairs)([0, 1]) == 2 * 2 * max(2 + 5, 4 + 1)
+    assert sup.pair_tokens(pairs)([0, 1]) == (2 * 2 + 3 + 5) + (2 * 4 + 1 + 1)
     ev = sup.eval_shards(7, world=2, micro=3)
     assert [len(r) for r in ev] == [2, 2]  # same number of micro-batches on every rank (ZeRO-3)
     flat = [u for r in ev for mb in r for u in mb]

@@ -94,7 +94,7 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
     fake = FakeCuda()
     monkeypatch.setattr(torch, "cuda", fake)
     w = bare(PolicyWorker, "cuda", "actor")
-    w.engine = SimpleNamespace(gradient_accumulation_steps=lambda: 1, train=lambda: None, module=None,
+    w.engine = SimpleNamespace(gradient_accumulation_steps=lambda: 2, train=lambda: None, module=None,
                                backward=lambda loss, scale_wrt_gas: None)
     w.scheduler = SimpleNamespace(get_last_lr=lambda: [0.1])
     w._step = lambda: None
@@ -105,10 +105,11 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
 
     w._run_fn = run_fn
     fake.reserved, fake.allocated = 100 * GIB, 90 * GIB  # an evaluation before the step
-    out = w.train_step([{"input_ids": torch.zeros(4, 96)}], objective=None)
+    out = w.train_step([{"input_ids": torch.zeros(4, 96), "real_index": torch.arange(200)},
+                        {"input_ids": torch.zeros(2, 30)}], objective=None)
     assert out["memory/train_peak_reserved_gib"] == 7.0 and out["memory/train_peak_allocated_gib"] == 6.0
     assert out["lr"] == 0.1
-    assert out["perf/micro_batch_tokens_max"] == 4 * 96  # padding included: what the passes held
+    assert out["perf/micro_batch_tokens_max"] == 200  # real tokens (a padded micro-batch: all of its 60)
 
 
 def test_offloading_reports_each_roles_resident_state_under_its_name(monkeypatch):
