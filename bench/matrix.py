@@ -150,8 +150,9 @@ def run_cli(args: list[str], timeout: float, log: Optional[Path] = None) -> tupl
         r = subprocess.run([sys.executable, "-m", "rlhf.cli", *args], cwd=ROOT, capture_output=True, text=True,
                            timeout=timeout, env={**os.environ, "RLHF_MATRIX_RUN": tag})
         rc, out = r.returncode, r.stdout + r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    except subprocess.TimeoutExpired as e:  # its output so far arrives as bytes
+        rc, out = 124, "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                               for x in (e.stdout, e.stderr))
     finally:
         kill_tagged("RLHF_MATRIX_RUN", tag)
     if log is not None:

@@ -83,16 +83,21 @@ def reason_of(e: BaseException) -> str:
     return (lines[-1] if lines else type(e).__name__)[-200:]
 
 
+def nearest_existing(path: str | os.PathLike) -> Optional[Path]:
+    """``path`` or its nearest parent that exists (where a dir not made yet will be written)."""
+    p = Path(path).absolute()
+    return next((q for q in [p, *p.parents] if q.exists()), None)
+
+
 def free_bytes(path: str | os.PathLike) -> Optional[int]:
     """Free bytes (for this user) on the filesystem of ``path`` or its nearest existing parent."""
-    p = Path(path).absolute()
-    for q in [p, *p.parents]:
-        if q.exists():
-            try:
-                return shutil.disk_usage(q).free
-            except OSError:
-                return None
-    return None
+    q = nearest_existing(path)
+    if q is None:
+        return None
+    try:
+        return shutil.disk_usage(q).free
+    except OSError:
+        return None
 
 
 def dir_bytes(path: str | os.PathLike) -> int:

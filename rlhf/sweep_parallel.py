@@ -92,7 +92,7 @@ def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: S
 class DiskClaim:
     """What a job writes under its run dir at its peak (``rlhf.spec.disk.need``), and where."""
 
-    run_dir: Path
+    spec: RunSpec
     device: Optional[int]  # the filesystem (st_dev of the run dir's nearest existing parent)
     need: int  # bytes
 
@@ -100,43 +100,36 @@ class DiskClaim:
     def of(cls, spec: RunSpec) -> "DiskClaim":
         """The job's claim; none (0 bytes) where its need cannot be worked out: its own start-of-run
         check then says why, as a job's failure, not the sweep's."""
+        from rlhf import storage
         from rlhf.spec import disk
         from rlhf.spec.memory import GB
 
-        run_dir = Path(spec.run_dir).expanduser().absolute()
         try:
             need = int(disk.need(spec).total * GB) if spec.mode == "run" else 0
         except Exception:  # noqa: BLE001 - e.g. a data file the step count could not read
             need = 0
-        return cls(run_dir, _filesystem(run_dir), need)
+        where = storage.nearest_existing(Path(spec.run_dir).expanduser())
+        return cls(spec, where.stat().st_dev if where is not None else None, need)
 
     def left(self) -> int:
         """Bytes still to be written: the need less what the run dir holds now."""
         from rlhf import storage
 
-        return max(0, self.need - storage.dir_bytes(self.run_dir))
+        return max(0, self.need - storage.dir_bytes(Path(self.spec.run_dir).expanduser()))
 
     def fits_beside(self, others: Sequence["DiskClaim"]) -> bool:
-        """The need fits in DISK_FIT_MARGIN of the free space once the running jobs on the same
-        filesystem have written what they still will (unknown free space: it fits, as the
-        single-run check says)."""
-        from rlhf import storage
-        from rlhf.spec.disk import DISK_FIT_MARGIN
+        """The need fits in DISK_FIT_MARGIN of the room the job's own start-of-run check counts
+        (``rlhf.spec.disk.available_bytes``) once the running jobs on the same filesystem have
+        written what they still will (unknown room: it fits, as that check says)."""
+        from rlhf.spec.disk import DISK_FIT_MARGIN, available_bytes
 
         if self.need == 0 or self.device is None:
             return True
-        free = storage.free_bytes(self.run_dir)
-        if free is None:
+        room = available_bytes(self.spec)
+        if room is None:
             return True
         pending = sum(o.left() for o in others if o.device == self.device)
-        return self.need <= DISK_FIT_MARGIN * (free - pending)
-
-
-def _filesystem(path: Path) -> Optional[int]:
-    for q in [path, *path.parents]:
-        if q.exists():
-            return q.stat().st_dev
-    return None
+        return self.need <= DISK_FIT_MARGIN * (room - pending)
 
 
 def _resolve_lazy_imports() -> None:

@@ -170,8 +170,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             out.append(["train.offload_optimizer=auto"])  # auto offloads only what the host holds
         if pl.offload_train_state is True and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=false"])
-        if lora_overrides(spec):
-            out.append(lora_overrides(spec))
+        if lora := lora_overrides(spec):
+            out.append(lora)
         total = spec.layout.total_devices
         for n in (2 * total, 4 * total, 8 * total):
             out.append(_more_devices(spec, n) + ["#devices"])
@@ -190,8 +190,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
                 k //= 2
                 out.append([f"train.max_tokens_per_micro_batch={max(k, 1) * seq}", "#budget"])
-        if name in ("training phase", "actor") and lora_overrides(spec):
-            out.append(lora_overrides(spec))
+        if name in ("training phase", "actor") and (lora := lora_overrides(spec)):
+            out.append(lora)
         total = spec.layout.total_devices
         need = max(min_gpus(spec, est, name), 2 * total)
         target = 1 << (need - 1).bit_length()

@@ -71,12 +71,6 @@ def _optimizer(spec: RunSpec, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
 
 
-def _real_tokens(mb: dict) -> int:
-    """A supervised micro-batch's real tokens: its collate's ``real_index`` (padding-free passes),
-    else every position (a padded one)."""
-    return int(mb["real_index"].numel()) if "real_index" in mb else int(mb["input_ids"].numel())
-
-
 def _warmup(optimizer, warmup_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
@@ -437,7 +431,8 @@ class PolicyWorker(TrainedWorker):
         gn = self.last_grad_norm
         sums["grad_norm"] = float(gn) if gn is not None else float("nan")
         sums["lr"] = float(self.scheduler.get_last_lr()[0])
-        sums["perf/micro_batch_tokens_max"] = float(max(_real_tokens(mb) for mb in micro_batches))
+        # every supervised collate gives the real tokens' places (rlhf.data.sft.padding_free_index)
+        sums["perf/micro_batch_tokens_max"] = float(max(mb["real_index"].numel() for mb in micro_batches))
         return {**sums, **self.memory_peaks()}
 
     def save_hf(self, path: str) -> Optional[str]:

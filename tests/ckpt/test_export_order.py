@@ -13,8 +13,8 @@ from tests.helpers import planned_spec
 
 
 class _Group:
-    def __init__(self, role: str, order: list):
-        self.role, self.order = role, order
+    def __init__(self, order: list):
+        self.order = order
 
     def call(self, method, path):
         self.order.append(Path(path).name)
@@ -25,7 +25,7 @@ class _Group:
 
 def test_ppo_exports_the_critic_before_the_policy(tmp_path):
     order: list[str] = []
-    cluster = SimpleNamespace(actor=_Group("actor", order), critic=_Group("critic", order))
+    cluster = SimpleNamespace(actor=_Group(order), critic=_Group(order))
     out = training.export_final(planned_spec(["algo=ppo"]), cluster, str(tmp_path))
     assert order == ["critic_hf", "hf"]
     assert out == str(tmp_path / "final" / "hf") and (tmp_path / "final" / "critic_hf" / "config.json").is_file()

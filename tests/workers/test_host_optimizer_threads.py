@@ -97,5 +97,7 @@ def test_a_gpu_workers_thread_count_holds_in_its_later_calls(rl_env):
     finally:
         ray.kill(probe)
     want = host_optimizer_threads(spec, cores)
+    if want == 1:
+        pytest.skip("a one-core machine: the node's share is Ray's one thread, nothing to tell apart")
     assert before == ("1", 1)
     assert after == (str(want), want, want)

@@ -106,10 +106,10 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
     w._run_fn = run_fn
     fake.reserved, fake.allocated = 100 * GIB, 90 * GIB  # an evaluation before the step
     out = w.train_step([{"input_ids": torch.zeros(4, 96), "real_index": torch.arange(200)},
-                        {"input_ids": torch.zeros(2, 30)}], objective=None)
+                        {"input_ids": torch.zeros(2, 96), "real_index": torch.arange(150)}], objective=None)
     assert out["memory/train_peak_reserved_gib"] == 7.0 and out["memory/train_peak_allocated_gib"] == 6.0
     assert out["lr"] == 0.1
-    assert out["perf/micro_batch_tokens_max"] == 200  # real tokens (a padded micro-batch: all of its 60)
+    assert out["perf/micro_batch_tokens_max"] == 200  # the largest's real tokens, not its 4 × 96 padded
 
 
 def test_offloading_reports_each_roles_resident_state_under_its_name(monkeypatch):
