@@ -3,6 +3,7 @@ model path or output dir is one ``UserError`` line (exit code 2) and no half-sta
 
     check_output_dir(path)            writable (created if missing)
     check_disk(spec)                  the checkpoints and final export fit the disk under output_dir
+    check_cpu_threads()               RLHF_CPU_THREADS, when set, is a positive whole number
     resolve_models(spec)              model.path / reward.model_path -> local checkpoint dirs with
                                       weights (a Hub id fetched into the HF cache), kept in the
                                       spec (``RunSpec.models``) for the workers
@@ -34,6 +35,15 @@ def not_writable(what: str, e: OSError) -> str:
     """The line for a run dir that cannot be made or written (``what``: the key and value)."""
     return (f"{what} is not writable ({e.strerror or type(e).__name__}). "
             "Give a directory you can write to: output_dir=<path>.")
+
+
+def check_cpu_threads() -> None:
+    """RLHF_CPU_THREADS, which the workers read for their CPU threads (rlhf.workers.base), is a
+    positive whole number when set: a bad one stops here, not as a traceback in every worker."""
+    value = os.environ.get("RLHF_CPU_THREADS")
+    if value and not (value.strip().isdigit() and int(value) > 0):
+        raise UserError(f"RLHF_CPU_THREADS={value!r}: give a positive whole number of CPU threads per "
+                        "worker process, or unset it (each worker then takes its share of the node).")
 
 
 def check_output_dir(path: str) -> None:

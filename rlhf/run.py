@@ -118,8 +118,9 @@ def check_before_run(spec: RunSpec) -> int:
 
 
 def _checks(spec: RunSpec) -> None:
-    from rlhf.preflight import check_disk, check_fits, check_output_dir
+    from rlhf.preflight import check_cpu_threads, check_disk, check_fits, check_output_dir
 
+    check_cpu_threads()
     check_fits(spec)  # nothing to check off CUDA
     check_disk(spec)
     check_output_dir(spec.run_dir)

@@ -101,3 +101,15 @@ def test_a_gpu_workers_thread_count_holds_in_its_later_calls(rl_env):
         pytest.skip("a one-core machine: the node's share is Ray's one thread, nothing to tell apart")
     assert before == ("1", 1)
     assert after == (str(want), want, want)
+
+
+@pytest.mark.parametrize("value", ["eight", "0", "-2", "1.5"])
+def test_a_bad_rlhf_cpu_threads_stops_the_run_before_it_starts(value, monkeypatch, tmp_path, capsys):
+    from rlhf import cli
+
+    monkeypatch.setenv("RLHF_CPU_THREADS", value)
+    assert cli.main([f"output_dir={tmp_path / 'run'}", "train.steps=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: RLHF_CPU_THREADS={value!r}: give a positive whole number of CPU threads per worker "
+                   "process, or unset it (each worker then takes its share of the node)."]
+    assert not (tmp_path / "run").exists()  # nothing made, no cluster
