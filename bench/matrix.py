@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -213,8 +214,8 @@ def plan_into(rec: dict, args: list[str]) -> str:
     rec["plan_rc"] = rc
     rec["plan_fits"] = "✓ fits" in text
     rec["plan"] = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
-    rec["plan_lines"] = [ln for ln in text.splitlines() if ln.startswith(("steps:", "✗", "!", "✓", "→", "  training",
-                                                                          "  generation"))]
+    rec["plan_lines"] = [ln for ln in text.splitlines() if ln.startswith(("steps:", "epochs:", "batch:", "✗", "!", "✓", "→",
+                                                                          "  training", "  generation"))]
     return text
 
 
@@ -272,20 +273,34 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log:
         # pinned: the formulas' error apart from the margin of a token budget the prompts did not fill
         tokens = int(rec.get("micro_batch_tokens_max") or 0)
         if tokens:
-            pinned = [f"train.max_tokens_per_micro_batch={tokens}", *plan_choices(rec["plan_lines"])]
+            pinned = [*tokens_overrides(args, rec["plan_lines"], tokens), *plan_choices(rec["plan_lines"])]
             _, again = plan_cli(args + pinned)
             figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(again)}
-            at_tokens = figures.get("training phase") or figures.get("actor")
-            if at_tokens:
-                rec["plan_at_measured_tokens_gb"] = at_tokens
-                rec["train_measured_over_plan_at_tokens"] = round(measured / at_tokens, 3)
+            gb_at_tokens = figures.get("training phase") or figures.get("actor")
+            if gb_at_tokens:
+                rec["plan_at_measured_tokens_gb"] = gb_at_tokens
+                rec["train_measured_over_plan_at_tokens"] = round(measured / gb_at_tokens, 3)
     shutil.rmtree(out_dir, ignore_errors=True)  # a 7B export is 15 GB: the disk is 64 GB
     return rec
 
 
+def tokens_overrides(args: list[str], plan_lines: list[str], tokens: int) -> list[str]:
+    """Overrides that plan a run of ``args`` again at ``tokens`` per micro-batch: RL's token budget; for
+    sft/rm/dpo, which do not read it, the sequence length at which their micro-batch (plan's
+    ``batch:`` line) holds that many (rlhf.spec.tokens)."""
+    algo = next((o.split("=", 1)[1] for o in args if o.startswith("algo=")), "")
+    if algo not in ("sft", "rm", "dpo"):
+        return [f"train.max_tokens_per_micro_batch={tokens}"]
+    batch = next((ln for ln in plan_lines if ln.startswith("batch:")), "")
+    m = re.search(r"\(micro (\d+) ×", batch)
+    per = 1 if algo == "sft" else 2
+    return [f"data.max_length={math.ceil(tokens / (int(m.group(1)) * per))}"] if m else []
+
+
 def plan_choices(plan_lines: list[str]) -> list[str]:
-    """The ZeRO stage and optimizer offload the plan chose (its ``steps:`` line), as overrides."""
-    steps = next((ln for ln in plan_lines if ln.startswith("steps:")), "")
+    """The ZeRO stage and optimizer offload the plan chose (its ``steps:`` line, ``epochs:`` for
+    sft/rm/dpo), as overrides."""
+    steps = next((ln for ln in plan_lines if ln.startswith(("steps:", "epochs:"))), "")
     m = re.search(r"ZeRO-(\d)", steps)
     out = [f"train.zero_stage={m.group(1)}"] if m else []
     return out + [f"train.offload_optimizer={'true' if 'optimizer offloaded' in steps else 'false'}"]

@@ -38,6 +38,7 @@ from rlhf.data.files import Records, load_files, split_eval
 from rlhf.quoting import resume_command
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
+from rlhf.spec.tokens import sequence_tokens
 from rlhf.workers.schedule import combine_ranks
 from rlhf.workers.train import PolicyWorker
 
@@ -45,7 +46,7 @@ MB = dict[str, torch.Tensor]
 
 
 def max_length(spec: RunSpec) -> int:
-    return spec.data.max_length or (spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens)
+    return sequence_tokens(spec.algo, spec.data, spec.rollout)
 
 
 def tokenizer_for(spec: RunSpec):

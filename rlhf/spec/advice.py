@@ -185,11 +185,17 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         if name in ("training phase", "actor", "critic"):
             if not m.gradient_checkpointing:
                 out.append(["model.gradient_checkpointing=true"])
-            seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
-            k = train.max_tokens_per_micro_batch // seq
-            while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
-                k //= 2
-                out.append([f"train.max_tokens_per_micro_batch={max(k, 1) * seq}", "#budget"])
+            if spec.algo.kind == "rl":
+                seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
+                k = train.max_tokens_per_micro_batch // seq
+                while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
+                    k //= 2
+                    out.append([f"train.max_tokens_per_micro_batch={max(k, 1) * seq}", "#budget"])
+            else:  # sft/rm/dpo passes hold micro_batch_size units (rlhf.spec.tokens): fewer per pass
+                k = spec.batch.micro_batch_size
+                while k > 1:
+                    k //= 2
+                    out.append([f"train.micro_batch_size={k}", "#budget"])
         if name in ("training phase", "actor") and (lora := lora_overrides(spec)):
             out.append(lora)
         total = spec.layout.total_devices

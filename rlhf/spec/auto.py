@@ -5,7 +5,8 @@ spec: the frozen spec holds plain values (workers never see ``auto``), and ``Run
 each decision with a one-line reason for the plan. ``config_dict`` writes the given value back
 (``auto`` / null), so a rerun of a saved config decides again from its own hardware.
 
-- ``train.max_tokens_per_micro_batch`` null: micro-batch samples × the longest sequence.
+- ``train.max_tokens_per_micro_batch`` null: micro-batch samples × the longest sequence; for sft/rm/dpo,
+  which do not pack by it, always the most their micro-batch holds (rlhf.spec.tokens).
 - ``train.zero_stage`` auto: 0 on CPU; on GPUs ZeRO-2, or ZeRO-3 when several ranks share the model
   and the training figures do not fit at ZeRO-2. At one rank ZeRO-3 shards nothing and only adds a
   gather to every pass.
@@ -29,6 +30,7 @@ from typing import Optional
 from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
+from rlhf.spec.tokens import supervised_tokens
 
 AUTO = "auto"
 
@@ -48,7 +50,11 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
     """Replace every ``auto`` / null of the (unfrozen) spec by a value; return the decisions."""
     out = []
     train = spec.train
-    if train.max_tokens_per_micro_batch is None:
+    if spec.algo.kind != "rl":  # validation refused a set value: the plan sizes their passes by this
+        train.max_tokens_per_micro_batch, why = supervised_tokens(spec.algo, spec.batch.micro_batch_size, spec.data,
+                                                                       spec.rollout)
+        out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch, why))
+    elif train.max_tokens_per_micro_batch is None:
         seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
         train.max_tokens_per_micro_batch = spec.batch.micro_batch_size * seq
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch,

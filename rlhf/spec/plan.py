@@ -230,7 +230,10 @@ def render_plan(spec: RunSpec) -> str:
     if read:
         lines.append(read)
     t = spec.train.max_tokens_per_micro_batch
-    tokens = f" · ≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch)"
+    # sft/rm/dpo: what their micro-batch holds (rlhf.spec.tokens), as the build decided it
+    knob = "train.max_tokens_per_micro_batch" if a.kind == "rl" else next(
+        d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch")
+    tokens = f" · ≤ {t} tokens per micro-batch ({knob})"
     lines.extend(_hub_lines(spec))
     if a.kind == "rl":
         kl = f"KL {a.kl.estimator} × {a.kl.coef:g} in the {a.kl.placement}" if a.kl.coef > 0 else "no KL"

@@ -336,10 +336,12 @@ class TrainSpec(Frozen):
 
     steps: int = doc(100, "Training steps (RL: rollout + update rounds; sft/rm/dpo: optimizer steps).")
     prompts_per_step: int = doc(16, "Prompts per step; the batch is prompts_per_step x algo.group_size samples.")
-    micro_batch_size: int = doc(8, "Samples per forward/backward on one rank.")
-    max_tokens_per_micro_batch: Optional[int] = doc(None, "Tokens per packed forward/backward on one rank (RL "
-                                                    "passes pack samples up to it); None = micro_batch_size x "
-                                                    "(max_prompt_tokens + max_response_tokens).")
+    micro_batch_size: int = doc(8, "Samples per forward/backward on one rank (sft: examples or packed rows; "
+                                "rm/dpo: pairs).")
+    max_tokens_per_micro_batch: Optional[int] = doc(None, "RL: tokens per packed forward/backward on one rank "
+                                                    "(passes pack samples up to it); None = micro_batch_size x "
+                                                    "(max_prompt_tokens + max_response_tokens). sft/rm/dpo do "
+                                                    "not read it (leave it null).")
     compile_logprobs: Any = doc("auto", "torch.compile the LM head's per-chunk log-prob/entropy passes "
                                 "(forward and written-out backward fused into a few kernels): auto | true | "
                                 "false. auto: on CUDA (a compile failure falls back to eager, with a warning).")
@@ -373,7 +375,8 @@ class DataSpec(Frozen):
     messages_key: str = doc("messages", "The column holding a chat (a list of role/content messages).")
     columns: list[str] = docf(list, "Renames in every file's rows, old:new, e.g. [question:prompt].")
     chat_template: bool = doc(False, "Render prompts with the tokenizer's chat template.")
-    max_length: Optional[int] = doc(None, "sft/rm/dpo: tokens per example (prompt + response); None = "
+    max_length: Optional[int] = doc(None, "sft/rm/dpo: tokens per sequence (prompt + response; a pair's "
+                                    "chosen and rejected each); the plan sizes their passes by it. None = "
                                     "rollout.max_prompt_tokens + rollout.max_response_tokens.")
     truncation: str = doc("right", "sft/rm/dpo, examples over max_length: right | left (cut the prompt's "
                           "start) | drop.")

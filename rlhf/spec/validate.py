@@ -256,6 +256,9 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
             f"data.weights has {len(data.weights)} entries but data.train_files has {len(data.train_files)}: "
             "give one weight per file."
         )
+    if data.max_length is not None and data.max_length < 2:
+        p.append(f"data.max_length={data.max_length} leaves no room for a prompt and a response token. "
+                 "Use 2 or more, or null (= rollout.max_prompt_tokens + rollout.max_response_tokens).")
     for i, c in enumerate(data.columns):
         old, _, new = c.partition(":")
         if not old or not new or ":" in new:
@@ -354,7 +357,13 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
                "offload only when the training states and vLLM do not fit side by side")
     budget = train.max_tokens_per_micro_batch
     seq = rollout.max_prompt_tokens + rollout.max_response_tokens
-    if budget is not None and (budget < 1 or budget < seq):
+    if budget is not None and s["algo"].kind != "rl":
+        p.append(
+            f"train.max_tokens_per_micro_batch={budget} is read by RL passes only: algo={s['algo'].name} runs "
+            "train.micro_batch_size units of up to data.max_length tokens a pass. Leave it null, and set "
+            "train.micro_batch_size or data.max_length instead."
+        )
+    elif budget is not None and (budget < 1 or budget < seq):
         p.append(
             f"train.max_tokens_per_micro_batch={budget} is less than one sequence (rollout.max_prompt_tokens + "
             f"rollout.max_response_tokens = {seq} tokens). Use train.max_tokens_per_micro_batch={seq} or more, "

@@ -4,6 +4,7 @@ of matrix cells (planned on CPU for one H200; nothing runs)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -183,3 +184,67 @@ def test_what_a_run_leaves_running_is_ended_by_its_tag():
     finally:
         tagged.kill()
         other.kill()
+
+
+@pytest.mark.parametrize("cell,per_unit", [("15b-sft", 1), ("15b-dpo", 2)])
+def test_a_supervised_cell_is_planned_again_at_the_tokens_it_packed(tmp_path, cell, per_unit):
+    """sft/dpo do not read the RL token budget: the matrix plans them again at the sequence length
+    that makes their micro-batch hold the tokens the run packed, their ZeRO stage and optimizer
+    offload (the plan's ``epochs:`` line) pinned."""
+    import math
+
+    import bench.matrix as matrix
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN15))
+    (model / "model.safetensors").write_bytes(b"")
+    _, overrides = CELLS[cell]
+    args = [*overrides, f"model.path={model}", f"output_dir={tmp_path / 'run'}"]
+    rec = {"overrides": overrides}
+    matrix.plan_into(rec, args)
+    micro = int(re.search(r"\(micro (\d+) ×", next(x for x in rec["plan_lines"] if x.startswith("batch:"))).group(1))
+    packed = 150
+    pinned = matrix.tokens_overrides(args, rec["plan_lines"], packed)
+    length = math.ceil(packed / (micro * per_unit))
+    assert pinned == [f"data.max_length={length}"]
+    choices = plan_choices(rec["plan_lines"])
+    assert choices[0].startswith("train.zero_stage=") and choices[1].startswith("train.offload_optimizer=")
+    _, again = matrix.plan_cli(args + pinned + choices)
+    assert f"≤ {micro * per_unit * length} tokens per micro-batch" in again
+    figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(again)}
+    assert figures["training phase"] < rec["plan"]["training phase"]
+
+
+@pytest.mark.parametrize("args,want", [
+    (["algo=grpo"], "train.max_tokens_per_micro_batch=4000"),
+    # a refused cell's fix runs with the cell's own overrides first: its algo is read from them
+    (["algo=dpo", "checkpoint.keep_last=1"], "data.max_length=250"),
+])
+def test_a_fitting_run_is_planned_again_at_its_packed_tokens(tmp_path, monkeypatch, args, want):
+    """run_fitting's second plan: pinned at the tokens the run packed (RL: the budget; dpo: the
+    sequence length of 8 pairs × 2 holding them), the run's ZeRO stage and offload pinned too."""
+    import bench.matrix as matrix
+
+    out_dir = tmp_path / "cell"
+    steps = [{"memory/train_peak_reserved_gib": 30.0, "perf/micro_batch_tokens_max": 4000}]
+
+    def fake_cli(a, timeout, log=None):
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+        return 0, "done", 1.0
+
+    planned = []
+
+    def fake_plan(a):
+        planned.append(a)
+        return 0, "  training phase:   actor weights 3.1 + activations 8.0 = 40.0 of 141\n✓ fits\n"
+
+    monkeypatch.setattr(matrix, "run_cli", fake_cli)
+    monkeypatch.setattr(matrix, "plan_cli", fake_plan)
+    lines = ["batch: 16 pairs per optimizer step (micro 8 × 1 accum × 1 ranks) · ≤ 32768 tokens per micro-batch",
+             "epochs: 1 · ZeRO-2 · seed 0"]
+    rec = matrix.run_fitting({"plan": {"training phase": 50.0}, "plan_lines": lines}, args, out_dir, deadline=1e12)
+    assert planned[0] == [*args, want, "train.zero_stage=2", "train.offload_optimizer=false"]
+    assert rec["plan_at_measured_tokens_gb"] == 40.0
+    assert rec["train_measured_over_plan_at_tokens"] == pytest.approx(30 * 2**30 / 1e9 / 40, abs=0.001)

@@ -33,6 +33,8 @@ BAD = [
     (["train.max_tokens_per_micro_batch=10"],
      ["train.max_tokens_per_micro_batch=10 is less than one sequence", "= 20 tokens",
       "Use train.max_tokens_per_micro_batch=20 or more, or null"]),
+    (["algo=sft", "data.max_length=1"], ["data.max_length=1 leaves no room for a prompt and a response token",
+                                         "Use 2 or more, or null"]),
     (["algo.normalize_std=maybe"], ["algo.normalize_std=maybe: expected a boolean", "true or false"]),
     (["data.train_files=abc"], ["data.train_files=abc: expected a list", "data.train_files=[abc]"]),
     (["train=foo"], ["train=foo: train is a section", "train.KEY=VALUE"]),

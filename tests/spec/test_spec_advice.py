@@ -29,6 +29,9 @@ CASES = {
     "ppo-70b-disaggregated": ["algo=ppo", "model=llama3-70b", "hardware=8xa100-80g", "placement=disaggregated",
                               "hardware.host_memory_gb=0"],
     "sft-70b-2xh200": ["algo=sft", "model=llama3-70b", "hardware=2xh200", "hardware.host_memory_gb=0"],
+    # a pair is two sequences of data.max_length: fewer pairs per pass (or checkpointing) is the fix
+    "dpo-1.5b-long-examples": ["algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", "data.max_length=4096",
+                               "model.gradient_checkpointing=false"],
     "7b-full-1xh200-optimizer-offload-pinned": ["model=qwen2.5-7b", "hardware=1xh200", "train.offload_optimizer=true"],
 }
 OVERRIDE = re.compile(r"^[a-z_][\w.]*=\S+$")

@@ -433,3 +433,31 @@ def test_a_reward_model_pass_counts_in_both_hybrid_phases(capsys, tmp_path):
                f"reward.model_path={rm}")
     t = int(re.search(r"≤ (\d+) tokens per micro-batch", out).group(1))
     assert figure(out, "reward:", "reward model pass") == pytest.approx(doc_layer_bytes(m) * t / 1e9, abs=0.051)
+
+
+@pytest.mark.parametrize("algo,per_unit", [("sft", 1), ("rm", 2), ("dpo", 2)])
+def test_supervised_passes_are_planned_at_what_their_micro_batch_holds(capsys, algo, per_unit):
+    """sft/rm/dpo run train.micro_batch_size units of up to data.max_length tokens a pass, a pair
+    (rm, dpo) being two sequences; they do not read the RL token budget. The plan's activations
+    follow that product, so a longer data.max_length is a larger figure (it was the rollout's)."""
+    m = load("model", "qwen2.5-1.5b")
+    base = (f"algo={algo}", "model=qwen2.5-1.5b", "hardware=1xh200", "train.micro_batch_size=4",
+            "model.gradient_checkpointing=true", "model.liger_kernels=false", "train.zero_stage=2")
+    for length in (512, 4096):
+        out = plan(capsys, *base, f"data.max_length={length}")
+        t = 4 * per_unit * length
+        unit = "4 pairs × 2 sequences" if per_unit == 2 else "4 examples"
+        assert f"≤ {t} tokens per micro-batch ({unit} × {length} tokens (data.max_length))" in out
+        assert figure(out, "training phase:", "activations") == pytest.approx(doc_activations(m, t, True), abs=0.051)
+    # unset: the rollout's prompt + response budget is the sequence length
+    out = plan(capsys, *base, "rollout.max_prompt_tokens=300", "rollout.max_response_tokens=200")
+    assert f"≤ {4 * per_unit * 500} tokens per micro-batch" in out
+    assert "× 500 tokens (rollout.max_prompt_tokens + rollout.max_response_tokens))" in out
+
+
+def test_a_token_budget_for_a_supervised_run_is_refused_with_what_to_set(capsys):
+    code = cli.main(["algo=dpo", "train.max_tokens_per_micro_batch=4096", "--plan"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "train.max_tokens_per_micro_batch=4096 is read by RL passes only" in err
+    assert "set train.micro_batch_size or data.max_length instead" in err
