@@ -356,6 +356,14 @@ def estimate(spec: RunSpec) -> Estimate:
         frozen_work.update(reward_work)
         train_phase = {**actor, **critic, **reference, **reward, **actor_work, **critic_work, **frozen_work,
                        **runtime}
+        if spec.algo.kind == "dpo" and reference:
+            # DPO's reference scores every pair once before the first update and is then released
+            # (rlhf.loops.dpo): beside the actor's states, either it or the update's working set
+            ref_phase = {**reference, **frozen_work}
+            update = {k: v for k, v in {**actor, **actor_work}.items()
+                      if k in ("activations", "log-prob pass", "actor optimizer step")}
+            dropped = update if sum(ref_phase.values()) > sum(update.values()) else ref_phase
+            train_phase = {k: v for k, v in train_phase.items() if k not in dropped}
         if rollout and cuda:
             if pl.sleep_rollout:
                 train_phase["vLLM asleep"] = VLLM_ASLEEP_GB

@@ -461,3 +461,28 @@ def test_a_token_budget_for_a_supervised_run_is_refused_with_what_to_set(capsys)
     assert code == 2
     assert "train.max_tokens_per_micro_batch=4096 is read by RL passes only" in err
     assert "set train.micro_batch_size or data.max_length instead" in err
+
+
+def test_dpos_reference_and_its_update_are_not_on_the_gpu_at_once(capsys):
+    """DPO's reference scores every pair before the first update and is released: the training
+    phase holds the actor's states and the larger of (reference weights + reference pass) and
+    (optimizer step + activations + log-prob pass), not both."""
+    m = load("model", "qwen2.5-1.5b")
+    base = ("algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", "train.micro_batch_size=8",
+            "model.liger_kernels=false", "train.zero_stage=2", "train.offload_optimizer=false",
+            "model.gradient_checkpointing=true")
+    out = plan(capsys, *base, "data.max_length=2048")  # long pairs: the update's working set is larger
+    line = out.split("training phase:")[1].split("\n")[0]
+    assert "reference" not in line and "activations" in line
+    t = 8 * 2 * 2048
+    assert figure(out, "training phase:", "activations") == pytest.approx(doc_activations(m, t, True), abs=0.051)
+    # LoRA: no optimizer step of the whole model, short pairs: the reference's pass is the larger
+    out = plan(capsys, *base, "data.max_length=16", "model.lora.rank=16", "model.lora.alpha=32")
+    line = out.split("training phase:")[1].split("\n")[0]
+    assert "reference weights" in line and "reference pass" in line
+    assert "activations" not in line and "log-prob pass" not in line
+    assert figure(out, "training phase:", "reference weights") == pytest.approx(2 * doc_params(m) / 1e9, abs=0.051)
+    # the same settings in RL keep the reference beside the update (they run in one phase)
+    out = plan(capsys, "algo=grpo", *base[1:], "algo.kl.coef=0.01")
+    line = out.split("training phase:")[1].split("\n")[0]
+    assert "reference weights" in line and "activations" in line
