@@ -272,9 +272,9 @@ def run_fitting(rec: dict, args: list[str], out_dir: Path, deadline: float, log:
         # the plan again at the largest micro-batch the run packed, the run's ZeRO and offload
         # pinned: the formulas' error apart from the margin of a token budget the prompts did not fill
         tokens = int(rec.get("micro_batch_tokens_max") or 0)
-        if tokens:
-            pinned = [*tokens_overrides(args, rec["plan_lines"], tokens), *plan_choices(rec["plan_lines"])]
-            _, again = plan_cli(args + pinned)
+        at = tokens_overrides(args, rec["plan_lines"], tokens) if tokens else []
+        if at:  # none: a supervised plan without its batch line, nothing to plan again at
+            _, again = plan_cli(args + at + plan_choices(rec["plan_lines"]))
             figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(again)}
             gb_at_tokens = figures.get("training phase") or figures.get("actor")
             if gb_at_tokens:

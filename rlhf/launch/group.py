@@ -138,6 +138,8 @@ class ActorGroup:
         """Free this role's workers mid-run (DPO's reference once its log-probs are computed): a
         colocated host drops only this role's objects and dies with its last role."""
         if not any(isinstance(w, RoleHandle) for w in self.workers):
+            # ray.kill does not wait for the process to exit: its device memory is given back first
+            ray.get([w.drop_models.remote() for w in self.workers])
             return self.kill()
         left = ray.get([w.host.release.remote(w.role) for w in self.workers])
         for w, n in zip(self.workers, left):

@@ -501,20 +501,24 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
     trained = 2 * b + (0 if off else (12 if b == 2 else 8)) + step  # bytes per parameter
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     hybrid = name == "training phase"
+    parts = est.figures[name]
+    # DPO's training phase holds its reference or its update's working set (estimate): the side it kept
+    one_side = hybrid and spec.algo.kind == "dpo" and "reference" in spec.roles
+    actor_trained = trained - step if one_side and "actor optimizer step" not in parts else trained
     sharded = 0.0
     if hybrid or name == "actor":
         p_lora = lora_param_count(m)  # LoRA: frozen weights plus trained adapters
-        sharded += b * p_policy + trained * p_lora if p_lora else trained * p_policy
+        sharded += b * p_policy + actor_trained * p_lora if p_lora else actor_trained * p_policy
     if (hybrid and "critic" in spec.roles) or name == "critic":
         sharded += trained * p_value
     shared_reference = lora_param_count(m) > 0 and spec.algo.kind == "rl"
-    if (hybrid and "reference" in spec.roles and not shared_reference) or name == "reference":
+    reference_kept = not one_side or "reference weights" in parts
+    if (hybrid and "reference" in spec.roles and not shared_reference and reference_kept) or name == "reference":
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or name == "reward":
         sharded += b * p_value
     # the unsharded parts are the current stage's (at ZeRO-2 the whole head's log-prob pass and
     # ZeRO-2's buffers, where ZeRO-3 would have its own): "about", as the docstring says
-    parts = est.figures[name]
     fixed = sum(v for k, v in parts.items()
                 if not k.endswith(("weights", "grads", "optimizer", "optimizer step")) and k != "allocator slack")
     # the slack grows with the sharded states too: room for (1 + slack) times them

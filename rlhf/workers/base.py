@@ -177,6 +177,22 @@ class Worker:
         torch.cuda.empty_cache()
         return {**peaks, f"memory/{self._memory_name()}_resident_gib": torch.cuda.memory_reserved() / 2**30}
 
+    def drop_models(self) -> None:
+        """Drop the models (DeepSpeed engines included) this worker holds and give their device memory
+        back, before the launcher kills the process mid-run (DPO's reference,
+        ``rlhf.launch.group.ActorGroup.release``): ``ray.kill`` returns before the process is gone,
+        and the pass that follows on the same GPU is planned without it (docs/memory.md)."""
+        import gc
+
+        import torch
+
+        for name in [k for k, v in vars(self).items() if isinstance(v, torch.nn.Module)]:
+            delattr(self, name)
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
     def memory_peaks(self) -> dict[str, float]:
         """GiB this process's allocator reserved and its tensors held at most since the last call
         (then the counters restart); none off CUDA. Reserved − allocated is the caching allocator's

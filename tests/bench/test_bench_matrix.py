@@ -242,8 +242,9 @@ def test_a_fitting_run_is_planned_again_at_its_packed_tokens(tmp_path, monkeypat
 
     monkeypatch.setattr(matrix, "run_cli", fake_cli)
     monkeypatch.setattr(matrix, "plan_cli", fake_plan)
+    length = "steps: 2" if args[0] == "algo=grpo" else "epochs: 1"
     lines = ["batch: 16 pairs per optimizer step (micro 8 × 1 accum × 1 ranks) · ≤ 32768 tokens per micro-batch",
-             "epochs: 1 · ZeRO-2 · seed 0"]
+             f"{length} · ZeRO-2 · seed 0"]
     rec = matrix.run_fitting({"plan": {"training phase": 50.0}, "plan_lines": lines}, args, out_dir, deadline=1e12)
     assert planned[0] == [*args, want, "train.zero_stage=2", "train.offload_optimizer=false"]
     assert rec["plan_at_measured_tokens_gb"] == 40.0

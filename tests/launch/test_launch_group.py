@@ -88,3 +88,33 @@ def test_role_handles_reach_their_role_on_the_shared_host_and_release_kills_the_
     assert killed == [] and reference.workers == []
     actor.release()
     assert killed == ["host0", "host1"]
+
+
+def test_a_released_groups_processes_give_their_memory_back_before_they_are_killed(monkeypatch):
+    """Separate worker processes (GPU placements): ray.kill returns before a process exits, so
+    release first waits for each worker to drop its models, then kills it."""
+    events = []
+    monkeypatch.setattr(launch_group.ray, "get", lambda refs: events.append(("waited", list(refs))) or refs)
+    monkeypatch.setattr(launch_group.ray, "kill", lambda actor, no_restart: events.append(("killed", actor.name)))
+    workers = [NS(name=f"ref{r}", drop_models=NS(remote=lambda r=r: events.append(("dropped", r)) or f"done{r}"))
+               for r in range(2)]
+    group = ActorGroup("reference", workers)
+    group.release()
+    assert events == [("dropped", 0), ("dropped", 1), ("waited", ["done0", "done1"]),
+                      ("killed", "ref0"), ("killed", "ref1")]
+    assert group.workers == []
+
+
+def test_a_worker_drops_its_models_and_keeps_what_it_is():
+    """What release asks of a worker: every module it holds goes (a DeepSpeed engine is one), the
+    rest of it stays."""
+    import torch
+
+    from rlhf.workers.base import Worker
+
+    w = object.__new__(Worker)
+    w.device, w.role, w.module, w.head = "cpu", "reference", torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    w.temperature = 1.0
+    w.drop_models()
+    assert not hasattr(w, "module") and not hasattr(w, "head")
+    assert (w.role, w.temperature) == ("reference", 1.0)

@@ -123,8 +123,13 @@ def test_sft_resumed_from_a_checkpoint_equals_the_uninterrupted_run(pipeline, tm
     assert losses(_steps(run_dir)) == pytest.approx(losses(_steps(pipeline / "sft")), rel=1e-6)
 
 
-def test_dpo_preference_accuracy(ray_session, tmp_path):
-    _run("recipe=dpo_tiny", f"output_dir={tmp_path / 'dpo'}")
+@pytest.mark.parametrize("placement", [
+    [],
+    # the reference in its own worker process, which the loop releases (drop_models, then killed)
+    ["placement=disaggregated", "hardware.devices_per_node=2"],
+], ids=["hybrid", "disaggregated"])
+def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
+    _run("recipe=dpo_tiny", *placement, f"output_dir={tmp_path / 'dpo'}")
     dpo = _final(tmp_path / "dpo")
     print(f"DPO: held-out accuracy {dpo['eval/accuracy_before']:.3f} -> {dpo['eval/accuracy_after']:.3f}")
     assert dpo["eval/accuracy_after"] >= 0.9, dpo
