@@ -232,7 +232,8 @@ def render_plan(spec: RunSpec) -> str:
     t = spec.train.max_tokens_per_micro_batch
     # sft/rm/dpo: what their micro-batch holds (rlhf.spec.tokens), as the build decided it
     knob = "train.max_tokens_per_micro_batch" if a.kind == "rl" else next(
-        d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch")
+        (d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch"),
+        "train.micro_batch_size × data.max_length")
     tokens = f" · ≤ {t} tokens per micro-batch ({knob})"
     lines.extend(_hub_lines(spec))
     if a.kind == "rl":
