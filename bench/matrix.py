@@ -75,7 +75,15 @@ CELLS: dict[str, tuple[str, list[str]]] = {
     "15b-sft": ("qwen2.5-1.5b", ["algo=sft", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
     "15b-rm": ("qwen2.5-1.5b", ["algo=rm", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
     "15b-dpo": ("qwen2.5-1.5b", ["algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED]),
+    # sequences cut at data.max_length (long_rows): every micro-batch holds the tokens the plan sizes
+    # it for (8 × 2048, 8 pairs × 2 × 1024), the plan checked at its own budget; DPO's with the
+    # reference released before the update
+    "15b-sft-long": ("qwen2.5-1.5b", ["algo=sft", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED,
+                                      "data.max_length=2048"]),
+    "15b-dpo-long": ("qwen2.5-1.5b", ["algo=dpo", "model=qwen2.5-1.5b", "hardware=1xh200", *SUPERVISED,
+                                      "data.max_length=1024"]),
 }
+LONG_DATA = {"15b-sft-long", "15b-dpo-long"}
 
 FIGURE = re.compile(r"^\s*(training phase|generation phase|actor|rollout|host memory per node):.*= ([0-9.]+) of ([0-9.]+)",
                     re.M)
@@ -106,16 +114,42 @@ def model_dir(preset: str) -> Path:
     return d
 
 
-def supervised_data(kind: str) -> list[str]:
-    """Tiny local data sets for the supervised cells, made by rlhf-data (no hub)."""
+def supervised_data(kind: str, long: bool = False) -> list[str]:
+    """Tiny local data sets for the supervised cells, made by rlhf-data (no hub); ``long``: rows
+    longer than any cell's data.max_length (long_rows)."""
     what = "sft" if kind == "sft" else "preference"
-    d = RUNS / "data" / what
+    d = RUNS / "data" / (f"{what}-long" if long else what)
     f = d / "train.jsonl"
-    if not f.exists():
+    if long:
+        long_rows(d, what)
+    elif not f.exists():
         subprocess.run([sys.executable, "-m", "rlhf.data.cli", "make", what, "--out", str(d), "--n", "64"], cwd=ROOT,
                        check=True)
     # both files: the default eval set is the RL task's prompts, which a supervised run cannot read
     return [f"data.train_files=[{f}]", f"data.eval_files=[{d / 'eval.jsonl'}]"]
+
+
+def long_rows(d: Path, what: str, n: int = 64, n_eval: int = 16, seed: int = 0) -> None:
+    """train.jsonl / eval.jsonl of random five-letter words (about 5.5 tokens each with the random
+    models' tokenizer): a 100-word prompt and 400-word responses, about 2,750 tokens a sequence,
+    which the run cuts at data.max_length (the default right truncation keeps the prompt)."""
+    import random
+
+    if (d / "train.jsonl").exists() and (d / "eval.jsonl").exists():
+        return
+    rng = random.Random(seed)
+
+    def words(k: int) -> str:
+        return " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5)) for _ in range(k))
+
+    def row() -> dict:
+        if what == "sft":
+            return {"prompt": words(100), "response": words(400)}
+        return {"prompt": words(100), "chosen": words(400), "rejected": words(400)}
+
+    d.mkdir(parents=True, exist_ok=True)
+    for name, count in (("train.jsonl", n), ("eval.jsonl", n_eval)):
+        (d / name).write_text("".join(json.dumps(row()) + "\n" for _ in range(count)))
 
 
 def plan_cli(args: list[str]) -> tuple[int, str]:
@@ -187,7 +221,7 @@ def run_cell(name: str, deadline: float, logs: Optional[Path] = None) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     args = [*overrides, f"model.path={path}", f"output_dir={out_dir}"]
     if overrides[0] in ("algo=sft", "algo=rm", "algo=dpo"):
-        args += supervised_data(overrides[0].split("=")[1])
+        args += supervised_data(overrides[0].split("=")[1], long=name in LONG_DATA)
     rec: dict = {"cell": name, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": overrides,
                  "disk_free_gb": free_gb(RUNS.parent)}
     text = plan_into(rec, args)

@@ -249,3 +249,26 @@ def test_a_fitting_run_is_planned_again_at_its_packed_tokens(tmp_path, monkeypat
     assert planned[0] == [*args, want, "train.zero_stage=2", "train.offload_optimizer=false"]
     assert rec["plan_at_measured_tokens_gb"] == 40.0
     assert rec["train_measured_over_plan_at_tokens"] == pytest.approx(30 * 2**30 / 1e9 / 40, abs=0.001)
+
+
+@pytest.mark.parametrize("cell", ["15b-sft-long", "15b-dpo-long"])
+def test_a_long_cells_sequences_fill_the_length_the_plan_sizes_it_for(tmp_path, monkeypatch, cell):
+    """The *-long cells check the plan at its own budget: every row, tokenised by the random models'
+    tokenizer, is longer than the cell's data.max_length, so each sequence is cut to exactly it."""
+    import bench.matrix as matrix
+    from bench.common import build_tokenizer
+
+    monkeypatch.setattr(matrix, "RUNS", tmp_path)
+    _, overrides = CELLS[cell]
+    length = int(next(o for o in overrides if o.startswith("data.max_length=")).split("=")[1])
+    args = matrix.supervised_data(overrides[0].split("=")[1], long=True)
+    files = {a.split("=", 1)[0]: a.split("=", 1)[1].strip("[]") for a in args}
+    tok = build_tokenizer()
+    for f in files.values():
+        rows = [json.loads(x) for x in open(f)]
+        assert len(rows) >= 16
+        for r in rows[:4]:
+            prompt = len(tok(r["prompt"])["input_ids"])
+            for key in ("response", "chosen", "rejected"):
+                if key in r:
+                    assert prompt < length < prompt + len(tok(r[key])["input_ids"]), (f, key)

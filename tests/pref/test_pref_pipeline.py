@@ -134,3 +134,33 @@ def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
     print(f"DPO: held-out accuracy {dpo['eval/accuracy_before']:.3f} -> {dpo['eval/accuracy_after']:.3f}")
     assert dpo["eval/accuracy_after"] >= 0.9, dpo
     assert dpo["eval/margin_after"] > 0
+
+
+def test_a_dpo_micro_batch_holds_what_the_plan_sizes_it_for(ray_session, tmp_path, capsys):
+    """Pairs longer than data.max_length (bench.matrix.long_rows), a model whose tokenizer reads them
+    (byte-level BPE): every micro-batch holds exactly the tokens the plan sizes the pass for, 8 pairs
+    × 2 sequences × data.max_length (rlhf.spec.tokens), the memory plan's bound met, not exceeded."""
+    import re
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from bench.common import build_tokenizer
+    from bench.matrix import long_rows
+    from rlhf.cli import main
+
+    tok = build_tokenizer()
+    model = tmp_path / "model"
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).save_pretrained(model)
+    tok.save_pretrained(model)
+    long_rows(tmp_path / "data", "preference", n=32, n_eval=8)
+    args = ["recipe=dpo_tiny", f"model.path={model}", f"data.train_files=[{tmp_path / 'data' / 'train.jsonl'}]",
+            f"data.eval_files=[{tmp_path / 'data' / 'eval.jsonl'}]", "data.max_length=48", "train.micro_batch_size=8",
+            "train.prompts_per_step=16", f"output_dir={tmp_path / 'run'}", *QUIET]
+    assert main([*args, "--plan"]) == 0
+    planned = int(re.search(r"≤ (\d+) tokens per micro-batch", capsys.readouterr().out).group(1))
+    assert planned == 8 * 2 * 48
+    _run(*args)
+    packed = [json.loads(x).get("perf/micro_batch_tokens_max") for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [p for p in packed if p is not None] and all(p == planned for p in packed if p is not None), packed
