@@ -115,6 +115,16 @@ def check_model(spec: RunSpec, needs_chat_template: bool = False):
             f"the tokenizer of model.path={spec.model.path} has neither a pad token nor an EOS token to pad with. "
             "Add one to the checkpoint (tokenizer.add_special_tokens({'pad_token': ...}); save_pretrained)."
         )
+    from rlhf.spec.shape import read_config
+
+    config = read_config(Path(path) / "config.json") or {}
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and len(tok) > vocab:  # its ids from vocab up have no embedding row
+        raise UserError(
+            f"the tokenizer of model.path={spec.model.path} has {len(tok)} tokens but the model's vocab_size is "
+            f"{vocab}: token ids from {vocab} up would index past its embedding. Use the tokenizer saved with this "
+            "model (its tokenizer files beside config.json), or resize the model's embeddings to the tokenizer."
+        )
     if needs_chat_template and not getattr(tok, "chat_template", None):
         raise UserError(
             f"data.chat_template=true (or chat-message prompts) but the tokenizer of model.path={spec.model.path} "

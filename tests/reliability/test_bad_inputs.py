@@ -211,6 +211,25 @@ def test_tokenizer_without_pad_or_eos_token(base_spec, tmp_path):
     assert_clear(str(e.value), f"model.path={d} has neither a pad token nor an EOS token", "add_special_tokens")
 
 
+def test_a_tokenizer_larger_than_the_models_vocabulary(base_spec, tmp_path):
+    """A tokenizer that is not the model's: its ids past the model's vocab_size have no embedding
+    row (it was an IndexError in a worker's first pass)."""
+    from rlhf.models import resolve_model_path
+    from rlhf.preflight import check_model
+
+    src = Path(resolve_model_path(base_spec.model.path, base_spec.model))
+    d = tmp_path / "m"
+    shutil.copytree(src, d)
+    config = json.loads((d / "config.json").read_text())
+    check_model(variant(base_spec, model={"path": str(d)}))  # its own tokenizer fits
+    config["vocab_size"] = 8
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError) as e:
+        check_model(variant(base_spec, model={"path": str(d)}))
+    assert_clear(str(e.value), f"model.path={d} has", "tokens but the model's vocab_size is 8",
+                 "Use the tokenizer saved with this model")
+
+
 # ----------------------------------------------------------------------------- output dir
 
 
