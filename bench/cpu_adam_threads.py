@@ -23,9 +23,10 @@ def _side(params: int, steps: int, threads: int) -> dict:
     """One side, in this (fresh) process: threads > 0 applies the worker's setting first."""
     import torch
 
-    if threads > 0:  # what Worker.__init__ does (rlhf/workers/base.py)
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    from rlhf.workers.base import use_cpu_threads
+
+    if threads > 0:  # what Worker.__init__ does
+        use_cpu_threads(threads)
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     p = torch.nn.Parameter(torch.randn(params))

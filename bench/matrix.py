@@ -36,6 +36,7 @@ from typing import Optional
 
 from bench.common import kill_tagged
 from rlhf import storage
+from rlhf.spec.tokens import PAIRED
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("RLHF_GPU_MODELS", "/tmp/rlhf-gpu/models"))
@@ -327,7 +328,7 @@ def tokens_overrides(args: list[str], plan_lines: list[str], tokens: int) -> lis
         return [f"train.max_tokens_per_micro_batch={tokens}"]
     batch = next((ln for ln in plan_lines if ln.startswith("batch:")), "")
     m = re.search(r"\(micro (\d+) ×", batch)
-    per = 1 if algo == "sft" else 2
+    per = 2 if algo in PAIRED else 1
     return [f"data.max_length={math.ceil(tokens / (int(m.group(1)) * per))}"] if m else []
 
 

@@ -29,6 +29,7 @@ from rlhf.spec.memory import (
     param_count,
 )
 from rlhf.spec.runspec import RunSpec
+from rlhf.spec.tokens import sequence_tokens
 
 LORA_RANK = 16  # what the plan suggests: a usual rank, alpha twice it
 MAX_DEVICES_PER_NODE = 8
@@ -186,7 +187,7 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             if not m.gradient_checkpointing:
                 out.append(["model.gradient_checkpointing=true"])
             if spec.algo.kind == "rl":
-                seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
+                seq = sequence_tokens(spec.algo, spec.data, spec.rollout)
                 k = train.max_tokens_per_micro_batch // seq
                 while k > 1:  # the largest budget (whole sequences, halving) that fits, else one sequence
                     k //= 2

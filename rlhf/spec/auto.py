@@ -30,7 +30,7 @@ from typing import Optional
 from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
-from rlhf.spec.tokens import supervised_tokens
+from rlhf.spec.tokens import micro_batch_tokens
 
 AUTO = "auto"
 
@@ -50,15 +50,11 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
     """Replace every ``auto`` / null of the (unfrozen) spec by a value; return the decisions."""
     out = []
     train = spec.train
-    if spec.algo.kind != "rl":  # validation refused a set value: the plan sizes their passes by this
-        train.max_tokens_per_micro_batch, why = supervised_tokens(spec.algo, spec.batch.micro_batch_size, spec.data,
-                                                                       spec.rollout)
+    # sft/rm/dpo always: validation refused a set value, and the plan sizes their passes by this
+    if train.max_tokens_per_micro_batch is None or spec.algo.kind != "rl":
+        train.max_tokens_per_micro_batch, why = micro_batch_tokens(spec.algo, spec.batch.micro_batch_size,
+                                                                   spec.data, spec.rollout)
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch, why))
-    elif train.max_tokens_per_micro_batch is None:
-        seq = spec.rollout.max_prompt_tokens + spec.rollout.max_response_tokens
-        train.max_tokens_per_micro_batch = spec.batch.micro_batch_size * seq
-        out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch,
-                            f"{spec.batch.micro_batch_size} samples × {seq} tokens"))
     if spec.rollout.seeded is None:
         spec.rollout.seeded = spec.rollout_engine == "hf"
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,

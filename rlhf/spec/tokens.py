@@ -29,10 +29,12 @@ def sequences_per_unit(algo: Any) -> int:
     return 2 if algo.kind in PAIRED else 1
 
 
-def supervised_tokens(algo: Any, micro_batch_size: int, data: Any, rollout: Any) -> tuple[int, str]:
-    """sft/rm/dpo: (the most tokens one micro-batch holds, how it is made up) for the plan."""
-    seq, per = sequence_tokens(algo, data, rollout), sequences_per_unit(algo)
-    m = micro_batch_size
+def micro_batch_tokens(algo: Any, micro_batch_size: int, data: Any, rollout: Any) -> tuple[int, str]:
+    """(The most tokens one micro-batch holds, how it is made up) for the plan: RL's default budget
+    (``train.max_tokens_per_micro_batch`` null), sft/rm/dpo's only one."""
+    seq, per, m = sequence_tokens(algo, data, rollout), sequences_per_unit(algo), micro_batch_size
+    if algo.kind == "rl":
+        return m * seq, f"{m} samples × {seq} tokens"
     where = "data.max_length" if data.max_length else "rollout.max_prompt_tokens + rollout.max_response_tokens"
     unit = (f"{m} pairs × 2 sequences" if per == 2 else f"{m} packed rows" if getattr(algo, "packing", False)
             else f"{m} examples")

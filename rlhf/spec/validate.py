@@ -17,6 +17,7 @@ from rlhf.algos.registry import (
     plugin_problem,
 )
 from rlhf.spec.schema import RLAlgo
+from rlhf.spec.tokens import sequence_tokens
 
 KL_PLACEMENTS = ("loss", "reward")
 DPO_LOSSES = ("sigmoid", "ipo", "hinge")
@@ -356,7 +357,7 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
     _auto_bool(p, "placement.offload_train_state", pl.offload_train_state,
                "offload only when the training states and vLLM do not fit side by side")
     budget = train.max_tokens_per_micro_batch
-    seq = rollout.max_prompt_tokens + rollout.max_response_tokens
+    seq = sequence_tokens(s["algo"], s["data"], rollout)
     if budget is not None and s["algo"].kind != "rl":
         p.append(
             f"train.max_tokens_per_micro_batch={budget} is read by RL passes only: algo={s['algo'].name} runs "

@@ -94,7 +94,7 @@ def node_cores() -> int:
     return cores
 
 
-def _use_cpu_threads(n: int) -> None:
+def use_cpu_threads(n: int) -> None:
     """This process's CPU threads: torch's (and its OpenMP runtime's) and the variable that
     libraries loaded later read."""
     import torch
@@ -119,7 +119,7 @@ class Worker:
             # the launcher's worker_env sets OMP_NUM_THREADS=1: on a CPU node the roles of a hybrid
             # placement share the cores, and tiny matmuls on 2+ threads each are ~10x slower than
             # on one (spin-waiting); set RLHF_CPU_THREADS to give each worker more
-            _use_cpu_threads(int(os.environ.get("RLHF_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
+            use_cpu_threads(int(os.environ.get("RLHF_CPU_THREADS") or os.environ.get("OMP_NUM_THREADS")
                                  or max(1, (os.cpu_count() or 1) // max(world_size, 1))))
         elif offloads_optimizer(spec, role):
             # Ray sets OMP_NUM_THREADS to an actor's whole CPUs, at least 1: 1 for every GPU worker
@@ -128,7 +128,7 @@ class Worker:
             # (its GOMP symbols resolve through libtorch), whose thread count torch.set_num_threads
             # sets for this thread: the one Ray runs this actor's every call on (max_concurrency 1,
             # rlhf.launch.group.spawn_actor). The variable too, for a build that loads its own.
-            _use_cpu_threads(host_optimizer_threads(spec, node_cores()))
+            use_cpu_threads(host_optimizer_threads(spec, node_cores()))
         torch.manual_seed(spec.train.seed)
 
     # -- the two-phase start: the launcher asks rank 0 for an address, then sets every rank up
