@@ -4,6 +4,7 @@ and data cache, the session's local Ray) are in tests/conftest.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -23,11 +24,33 @@ def planned_spec(overrides: list[str]):
     return build_spec(compose(overrides), overrides, plan=True)
 
 
+def with_test_seed(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``train.seed`` replaced by $RLHF_TEST_SEED when it is set: the seed variants
+    of scripts/learning_margins.sh (unset, each run keeps the seed it names or the default)."""
+    seed = os.environ.get("RLHF_TEST_SEED")
+    if not seed:
+        return list(overrides)
+    return [o for o in overrides if not o.startswith("train.seed=")] + [f"train.seed={int(seed)}"]
+
+
+def record_learning(test: str, metric: str, value: float, threshold: float) -> None:
+    """Append one learning result (a value the test asserts ``>= threshold``) to $RLHF_MARGINS_OUT,
+    which scripts/learning_margins.sh collects into the margins table (docs/learning-margins.md)."""
+    out = os.environ.get("RLHF_MARGINS_OUT")
+    print(f"learning: {test} {metric} = {value:.4f} (threshold {threshold:.4f}, margin {value - threshold:+.4f})")
+    if out:
+        row = {"test": test, "metric": metric, "value": float(value), "threshold": float(threshold),
+               "seed": os.environ.get("RLHF_TEST_SEED", ""), "cpu": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+               "threads": os.environ.get("RLHF_CPU_THREADS", "")}
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def make_spec(overrides: list[str], out_dir: Path):
     """The spec of a run into ``out_dir`` with plain console output."""
     from rlhf.cli import build_spec, compose
 
-    overrides = list(overrides) + [f"output_dir={out_dir}", "tracking.console=plain"]
+    overrides = with_test_seed(overrides) + [f"output_dir={out_dir}", "tracking.console=plain"]
     return build_spec(compose(overrides), overrides, plan=False)
 
 

@@ -19,6 +19,8 @@ import os
 
 import pytest
 
+from tests.helpers import record_learning, with_test_seed
+
 QUIET = ["tracking=none", "tracking.console=plain"]
 # the SFT stage's checkpoints: every 16 of its 32 steps, none rotated away (keep_last 2; counted by a test)
 SFT_CHECKPOINTS = ["checkpoint.every=16"]
@@ -53,7 +55,7 @@ def pipeline(ray_session, tmp_path_factory):
 def _run(*args) -> None:
     from rlhf.cli import main
 
-    assert main([*args, *QUIET]) == 0
+    assert main(with_test_seed([*args, *QUIET])) == 0
 
 
 def _final(path) -> dict:
@@ -71,6 +73,7 @@ def _mean(rows, key) -> float:
 def test_sft_lowers_held_out_loss(pipeline):
     sft = _final(pipeline / "sft")
     print(f"SFT: held-out loss {sft['eval/loss_before']:.3f} -> {sft['eval/loss_after']:.3f}")
+    record_learning("pref/sft", "held-out loss fall, 1 - after/before", 1 - sft["eval/loss_after"] / sft["eval/loss_before"], 0.5)
     assert sft["eval/loss_after"] < 0.5 * sft["eval/loss_before"], sft
     assert (pipeline / "sft" / "final" / "hf" / "config.json").exists()
 
@@ -95,6 +98,7 @@ def test_sft_writes_no_more_checkpoints_than_the_disk_plan_counts(pipeline, monk
 def test_reward_model_ranks_held_out_pairs(pipeline):
     rm = _final(pipeline / "rm")
     print(f"RM: held-out accuracy {rm['eval/accuracy_before']:.3f} -> {rm['eval/accuracy_after']:.3f}")
+    record_learning("pref/rm", "held-out pair accuracy", rm["eval/accuracy_after"], 0.9)
     assert rm["eval/accuracy_after"] >= 0.9, rm
     cfg = json.loads((pipeline / "rm" / "final" / "hf" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForSequenceClassification"] and len(cfg["id2label"]) == 1
@@ -106,6 +110,8 @@ def test_ppo_against_the_reward_model_raises_its_score_and_the_true_reward(pipel
     true_before, true_after = _mean(first, "reward/keymap_reward/mean"), _mean(last, "reward/keymap_reward/mean")
     rm_before, rm_after = _mean(first, "reward/model/mean"), _mean(last, "reward/model/mean")
     print(f"PPO: true reward {true_before:.3f} -> {true_after:.3f}, RM score {rm_before:.3f} -> {rm_after:.3f}")
+    record_learning("pref/ppo-vs-rm", "true reward gain", true_after - true_before, 0.05)
+    record_learning("pref/ppo-vs-rm", "RM score gain", rm_after - rm_before, 0.0)
     assert true_after > true_before + 0.05
     assert rm_after > rm_before
 
@@ -132,6 +138,8 @@ def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
     _run("recipe=dpo_tiny", *placement, f"output_dir={tmp_path / 'dpo'}")
     dpo = _final(tmp_path / "dpo")
     print(f"DPO: held-out accuracy {dpo['eval/accuracy_before']:.3f} -> {dpo['eval/accuracy_after']:.3f}")
+    record_learning(f"pref/dpo-{'disaggregated' if placement else 'hybrid'}", "held-out pair accuracy",
+                    dpo["eval/accuracy_after"], 0.9)
     assert dpo["eval/accuracy_after"] >= 0.9, dpo
     assert dpo["eval/margin_after"] > 0
 

@@ -13,11 +13,13 @@ RANDOM = 0.2  # the first 5 steps score below this: the reward is learned, not t
 def assert_learned(algo: str, code: int, rows: list[dict]) -> None:
     """A run of the defaults finished every step, began near random and ended at >= LEARNED."""
     from rlhf.cli import compose
+    from tests.helpers import record_learning
 
     assert code == 0
     assert len(rows) == compose([]).train.steps
     reward = [r["reward/mean"] for r in rows]
     first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
     print(f"{algo}: reward {first:.3f} (steps 1-5) -> {last:.3f} (last 5 of {len(rows)})")
+    record_learning(f"rl/{algo}", "reward, last 5 steps", last, LEARNED)
     assert first < RANDOM, (algo, first)
     assert last >= LEARNED, (algo, first, last)

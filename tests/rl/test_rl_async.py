@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.helpers import fifth_means, run_rl
+from tests.helpers import fifth_means, record_learning, run_rl
 
 STEPS = 20
 
@@ -21,4 +21,5 @@ def test_async_one_step_learns_and_overlaps(rl_env, tmp_path):
     assert all(0 <= r["async/overlap_s"] <= r["async/generate_s"] + 1e-6 for r in rows)
     assert all("actor/tis_weight_mean" in r for r in rows)  # the importance-sampling correction ran
     first, last = fifth_means(rows)
+    record_learning("rl/async", "reward gain, last fifth - first", last - first, 0.08)
     assert last >= first + 0.08, (first, last)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import fifth_means, make_spec, run_rl
+from tests.helpers import fifth_means, make_spec, record_learning, run_rl
 
 STEPS = 20
 # algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning
@@ -19,6 +19,7 @@ def test_keymap_chain_env_learns(rl_env, tmp_path):
     assert all(r["env/feedback_tokens_mean"] > 0 for r in rows)  # turns were interleaved with feedback
     assert all(1.0 < r["env/turns_mean"] <= 2.0 for r in rows)
     first, last = fifth_means(rows)
+    record_learning("rl/env-keymap-chain", "reward gain, last fifth - first", last - first, 0.08)
     assert last >= first + 0.08, (first, last)
 
 

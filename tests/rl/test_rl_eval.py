@@ -27,7 +27,7 @@ import os
 
 import pytest
 
-from tests.helpers import run_rl
+from tests.helpers import record_learning, run_rl
 
 STEPS, EVERY, N_SAMPLES, MAX_PROMPTS = 20, 5, 4, 24
 EVAL_STEPS = [4, 9, 14, 19]  # 0-based steps after which an evaluation runs
@@ -111,6 +111,8 @@ def test_greedy_eval_reward_rises(eval_run):
     print(f"greedy eval reward, first -> last eval: seen {seen[0]:.3f} -> {seen[1]:.3f}, "
           f"all {both[0]:.3f} -> {both[1]:.3f}, held-out {first['eval/heldout/greedy/reward_mean']:.3f} -> "
           f"{last['eval/heldout/greedy/reward_mean']:.3f}")
+    record_learning("rl/eval-greedy", "seen-prompt greedy reward gain", seen[1] - seen[0], MARGIN_SEEN)
+    record_learning("rl/eval-greedy", "all-prompt greedy reward gain", both[1] - both[0], MARGIN_ALL)
     assert seen[1] >= seen[0] + MARGIN_SEEN, seen
     assert both[1] >= both[0] + MARGIN_ALL, both
     assert last["eval/seen/greedy/pass_rate"] > first["eval/seen/greedy/pass_rate"]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import fifth_means, make_spec, run_rl
+from tests.helpers import fifth_means, make_spec, record_learning, run_rl
 
 RANK, ALPHA = 4, 8.0
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -203,6 +203,7 @@ def test_lora_grpo_learns(lora_run):
     rows = lora_run["rows"]
     assert len(rows) == STEPS
     first, last = fifth_means(rows)
+    record_learning("rl/lora-grpo", "reward gain, last fifth - first", last - first, MARGIN)
     assert last >= first + MARGIN, (first, last)
 
 

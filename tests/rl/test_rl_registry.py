@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rl import toy_parts
-from tests.helpers import fifth_means, make_spec, run_rl
+from tests.helpers import fifth_means, make_spec, record_learning, run_rl
 
 STEPS = 20
 MARGIN = 0.08  # last-fifth mean reward over the first fifth (measured: 0.05 → 0.17)
@@ -23,6 +23,7 @@ def test_toy_estimator_and_loss_learn(rl_env, tmp_path):
     assert all("actor/reinforce_logp_mean" in r for r in rows)  # the workers ran the toy loss
     assert all("actor/clip_frac" not in r for r in rows)  # and not the clipped surrogate
     first, last = fifth_means(rows)
+    record_learning("rl/registry-toy", "reward gain, last fifth - first", last - first, MARGIN)
     assert last >= first + MARGIN, (first, last)
 
 
