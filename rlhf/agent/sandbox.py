@@ -437,10 +437,14 @@ class SandboxPool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self.run, code, files, limits))
 
-    def map(self, codes: list[str], files: Optional[list[dict[str, str]]] = None) -> list[SandboxResult]:
+    def map(self, codes: list[str], files: Optional[list[dict[str, str]]] = None,
+            limits: Optional[SandboxLimits] = None) -> list[SandboxResult]:
         """Run each code in its own sandbox, ``workers`` at a time; results in order."""
         files = files or [{} for _ in codes]
-        return list(self._executor.map(self.run, codes, files))
+        return list(self._executor.map(functools.partial(self._run_with, limits), codes, files))
+
+    def _run_with(self, limits: Optional[SandboxLimits], code: str, files: dict[str, str]) -> SandboxResult:
+        return self.run(code, files, limits)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
