@@ -3,7 +3,7 @@ table, ``rlhf.data.builtin``: the key→value task whose mapping is behind a too
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from rlhf.agent.tools import Tool, ToolFailed, tool_from_function
 from rlhf.spec.errors import UserError
@@ -60,3 +60,20 @@ def make(name: str, sandbox: Any = None, **overrides) -> Tool:
         return tool_from_function(lookup, **overrides)
     raise UserError(f"builtin:{name} is not a built-in tool. Choose one of: "
                     f"{', '.join('builtin:' + b for b in BUILTINS)}.")
+
+
+def load_tools(entries: list[Union[str, dict]], sandbox: Any = None) -> list[Tool]:
+    """Tools from config entries: ``"builtin:python"``, ``"module:function"``, or a dict with
+    ``fn`` and optional ``name``, ``schema``, ``description``, ``timeout_s``. ``sandbox`` (a
+    ``SandboxPool``) runs ``builtin:python``; the process's default pool when None."""
+    out = []
+    for e in entries:
+        d = {"fn": e} if isinstance(e, str) else dict(e)
+        ref = d.pop("fn", None)
+        if not isinstance(ref, str):
+            raise UserError(f"tool entry {e!r}: give fn=module:function or fn=builtin:<name>.")
+        if ref.startswith("builtin:"):
+            out.append(make(ref.partition(":")[2], sandbox=sandbox, **d))
+        else:
+            out.append(tool_from_function(ref, **d))
+    return out

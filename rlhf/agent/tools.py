@@ -290,21 +290,3 @@ class ToolSet:
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-
-def load_tools(entries: list[Union[str, dict]], sandbox: Any = None) -> list[Tool]:
-    """Tools from config entries: ``"builtin:python"``, ``"module:function"``, or a dict with
-    ``fn`` and optional ``name``, ``schema``, ``description``, ``timeout_s``. ``sandbox`` (a
-    ``SandboxPool``) runs ``builtin:python``; the process's default pool when None."""
-    from rlhf.agent import builtin_tools
-
-    out = []
-    for e in entries:
-        d = {"fn": e} if isinstance(e, str) else dict(e)
-        ref = d.pop("fn", None)
-        if not isinstance(ref, str):
-            raise UserError(f"tool entry {e!r}: give fn=module:function or fn=builtin:<name>.")
-        if ref.startswith("builtin:"):
-            out.append(builtin_tools.make(ref.partition(":")[2], sandbox=sandbox, **d))
-        else:
-            out.append(tool_from_function(ref, **d))
-    return out

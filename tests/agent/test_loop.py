@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from rlhf.agent.loop import AgentLoop, Sampled, TrajectoryLimits
-from rlhf.agent.tools import ToolSet, load_tools, tool_from_function
+from rlhf.agent.builtin_tools import load_tools
+from rlhf.agent.tools import ToolSet, tool_from_function
 from rlhf.agent.trajectory import ChatRenderer
 from rlhf.spec.errors import UserError
 

@@ -10,7 +10,8 @@ import pytest
 
 from rlhf.agent.parsers import ToolCall, get_parser, parser_names, register_parser
 from rlhf.agent.sandbox import SandboxLimits, SandboxPool
-from rlhf.agent.tools import ERROR_KINDS, ToolFailed, ToolSet, load_tools, schema_from_function, tool_from_function
+from rlhf.agent.builtin_tools import load_tools
+from rlhf.agent.tools import ERROR_KINDS, ToolFailed, ToolSet, schema_from_function, tool_from_function
 from rlhf.spec.errors import UserError
 from tests.helpers import assert_clear
 
