@@ -13,6 +13,9 @@ model path or output dir is one ``UserError`` line (exit code 2) and no half-sta
                                       ids unique, not every prompt over rollout.max_prompt_tokens
     check_rewards(spec)               every reward function imports (the file or module named,
                                       nothing else)
+    check_checkpoint(spec)            the checkpoint a resume starts from passes its manifest
+                                      (a corrupt newer one named and set aside); an RL run whose
+                                      run dir already finished every step stops (``Finished``)
 
 ``preflight(spec)`` runs all that apply to the run's kind; ``rlhf.run.run`` calls it after
 ``resolve_models``.
@@ -29,6 +32,45 @@ from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 
 ID_KEYS = ("id", "uid", "prompt_id")
+
+
+class Finished(Exception):
+    """The run dir holds a finished run of this spec: nothing to do (exit code 0, one line)."""
+
+
+def check_checkpoint(spec: RunSpec, console: Any = None) -> RunSpec:
+    """The checkpoint this run resumes from, verified against its manifest before Ray starts
+    (``rlhf.ckpt.manager.resume_point``): a corrupt newest one is named in one line, set aside, and
+    the newest intact one taken (saying so); none intact, or a corrupt one named by ``resume=``, is
+    a UserError. Returns the spec with ``resume`` set to the chosen checkpoint dir (what the loops
+    load), or as it was when there is none. Raises ``Finished`` for an RL run whose newest
+    checkpoint is its last step and whose final export is there: nothing would run."""
+    import dataclasses
+
+    from rlhf.ckpt.manager import resume_point
+    from rlhf.spec.build import freeze
+
+    try:
+        point = resume_point(spec.resume or spec.run_dir)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    chosen = point.chosen
+    for where, why in point.corrupt:
+        name = where.name.rsplit(".", 1)[0]
+        then = (f"resuming from {chosen.path.name}, the newest intact one" if chosen is not None
+                else "starting afresh")
+        line = f"warning: checkpoint {name} is corrupt ({why}): set aside as {where}; {then}"
+        console.print(line) if console is not None else print(line)
+    if chosen is None:
+        return spec
+    final = Path(spec.run_dir) / "final" / "hf"
+    if spec.algo.kind == "rl" and chosen.step >= spec.train.steps and final.is_dir():
+        from rlhf.quoting import resume_command
+
+        raise Finished(f"{spec.run_dir} has finished all {spec.train.steps} steps (checkpoint "
+                       f"{chosen.path.name}, {final}): nothing to run. More steps: "
+                       f"{resume_command(spec.run_dir)} train.steps=<more>; a new run: another output_dir.")
+    return freeze(dataclasses.replace(spec, resume=str(chosen.path)))
 
 
 def not_writable(what: str, e: OSError) -> str:
