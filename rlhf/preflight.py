@@ -265,9 +265,17 @@ def check_prompts(spec: RunSpec, tokenizer) -> dict[str, int]:
     return over
 
 
-def check_rewards(spec: RunSpec) -> None:
-    """Import every reward function now (a typo or an import error is found before Ray starts)."""
-    from rlhf.rewards.loader import load_function
+# Responses the reward functions are called on before the run: what a policy may well produce.
+STAND_IN_RESPONSES = ("", "I think the answer is 42.", "x" * 300)
+
+
+def check_rewards(spec: RunSpec, rows: Optional[list] = None) -> None:
+    """Import every reward function now, and call them (not the remote service) on a few stand-in
+    samples: the first prompts of ``rows`` (the train file's; their other columns as metadata)
+    with responses of STAND_IN_RESPONSES. A typo, an import error, an exception, a wrong number
+    of values, NaN or a function slower than reward.timeout_s costs a second here, not a cluster
+    start (UserError, one line)."""
+    from rlhf.rewards.loader import Rewards, load_function
 
     for f in spec.reward.functions:
         load_function(f.fn)
@@ -276,6 +284,23 @@ def check_rewards(spec: RunSpec) -> None:
         from rlhf.envs import load_env
 
         load_env(env.fn)
+    if not spec.reward.functions:
+        return
+    key = spec.data.prompt_key
+    rows = list(rows or [])[:2] or [{key: "a stand-in prompt"}]
+    pairs = [(row, r) for row in rows for r in STAND_IN_RESPONSES]
+    prompts = [str(row.get(key, "")) for row, _ in pairs]
+    responses = [r for _, r in pairs]
+    metadata = {k: [row.get(k) for row, _ in pairs] for k in rows[0] if k != key}
+    metadata["finish_reasons"] = ["stop" if i % 2 == 0 else "length" for i in range(len(pairs))]
+    rewards = Rewards(spec.reward, remote=False)
+    try:
+        rewards.score(prompts, responses, metadata)
+    except UserError as e:
+        raise UserError(f"{str(e).rstrip('.')} (called before the run started on {len(pairs)} stand-in samples: "
+                        "prompts of data.train_files, responses such as '' and 'I think the answer is 42.').") from None
+    finally:
+        rewards.close()
 
 
 def check_fits(spec: RunSpec) -> None:
@@ -321,7 +346,7 @@ def preflight(spec: RunSpec, console: Any = None) -> Any:
         if spec.eval.every > 0:  # eval prompts: readable, the prompt column, every row (rlhf.loops.rl_eval)
             for name in spec.data.eval_files:
                 check_prompt_rows(name, read_rows(name, spec.data.prompt_key, spec.data.columns), spec.data.prompt_key)
-        check_rewards(spec)
+        check_rewards(spec, first)
         n = sum(over.values())
         if n and console is not None:
             console.print(f"data: {n} prompts longer than rollout.max_prompt_tokens={spec.rollout.max_prompt_tokens} "
