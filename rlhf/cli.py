@@ -289,8 +289,9 @@ def hydra_only(args: Args) -> int:
     composes = any(f in ("--cfg", "--info") for f in args.hydra_flags)
     if composes and not args.multirun:
         compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-    argv = [*args.hydra_flags, *(["--multirun"] if args.multirun else []),
-            *hydra_overrides(args.config_dir), *args.overrides]
+    # Hydra's flags last: --info takes an optional topic, and would read an override after it as one
+    argv = [*hydra_overrides(args.config_dir), *args.overrides, *(["--multirun"] if args.multirun else []),
+            *args.hydra_flags]
     return run_app(lambda cfg: None, argv, config_dir=args.config_dir, config_name=args.config_name)
 
 
