@@ -21,12 +21,23 @@ def parse_overrides(overrides: Sequence[str]) -> list[Any]:
         try:
             out.extend(parser.parse_overrides([o]))
         except Exception as e:  # OverrideParseException
-            detail = str(e).split("\n")[1] if "\n" in str(e) else str(e)
             raise SpecError([
-                f"cannot parse the override {o!r} ({detail.strip()}). Write GROUP=OPTION or KEY=VALUE, "
+                f"cannot parse the override {o!r} ({_parse_problem(o, str(e))}). Write GROUP=OPTION or KEY=VALUE, "
                 "e.g. algo=ppo or algo.lr=1e-6; quote values with spaces or special characters."
             ]) from None
     return out
+
+
+def _parse_problem(override: str, text: str) -> str:
+    """The first line of Hydra's parse error (not its "See https://..." line); the lexer's caret
+    line becomes the character and its column."""
+    lines = text.split("\n")
+    lexer = "LexerNoViableAltException: "
+    if lines[0].startswith(lexer) and len(lines) > 1 and lines[1].strip() == "^":
+        col = lines[1].index("^") - len(lexer)
+        if 0 <= col < len(override):
+            return f"unexpected {override[col]!r} at column {col + 1}"
+    return " ".join(lines[0].split())
 
 
 def searchpath_of(overrides: Sequence[str]) -> list[str]:

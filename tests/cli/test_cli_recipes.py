@@ -148,3 +148,14 @@ def test_a_broken_shipped_recipe_breaks_nothing_else(tmp_path, monkeypatch, caps
     _one_line(capsys.readouterr().err, shipped / "zz_broken.yaml", 3, 1)
     assert cli.main(["--help"]) == 0
     assert "zz_broken [broken]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override,problem", [
+    ("algo.lr='x", "unexpected \"'\" at column 9"),
+    ("a b=1", "unexpected ' ' at column 2"),
+    ("algo.lr=[1", "no viable alternative at input '[1'"),
+])
+def test_an_override_that_does_not_parse_names_the_problem(override, problem, capsys):
+    assert cli.main([override, "--plan"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"({problem})" in err and "https://" not in err and "at at" not in err, err

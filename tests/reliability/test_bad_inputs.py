@@ -38,8 +38,12 @@ DATA = [
     ("notparquet.parquet", b"PAR1 not really", "prompt", ["notparquet.parquet: cannot read as parquet"]),
     ("prompts.txt", b"hello\n", "prompt", ["prompts.txt: unknown format", ".jsonl"]),
     ("nokey.jsonl", b'{"question": "a", "answer": "b"}\n', "prompt",
-     ["nokey.jsonl' has no column 'prompt' (columns: answer, question)", "Set data.prompt_key"]),
-    ("nokey.csv", b"question,answer\na,b\n", "prompt", ["has no column 'prompt'", "data.prompt_key"]),
+     ["nokey.jsonl' has no column 'prompt' (columns: answer, question)", "data.prompt_key=question",
+      "data.columns=[question:prompt]"]),
+    # no usual prompt name: the column of the longest text, not the first by name
+    ("noname.jsonl", b'{"a_label": "yes", "body": "a long question about keys and maps"}\n', "prompt",
+     ["data.prompt_key=body", "data.columns=[body:prompt]"]),
+    ("nokey.csv", b"question,answer\na,b\n", "prompt", ["has no column 'prompt'", "data.prompt_key=question"]),
     ("wrongkey.jsonl", b'{"prompt": "a"}\n', "query", ["has no column 'query' (columns: prompt)", "data.prompt_key"]),
     # row-level problems: rlhf.preflight.check_prompt_rows
     ("onemissing.jsonl", b'{"prompt": "key k1"}\n{"text": "key k2"}\n', "prompt",
