@@ -318,10 +318,12 @@ def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[s
 
     argv = [*hydra_overrides(config_dir), *overrides, f"hydra.run.dir={quote_value(str(spec.output_dir))}"]
     code = run_app(task, argv, config_dir=config_dir, config_name=config_name)
-    release(claimed)  # a run refused in its preflight emptied its run dir: the dirs made for it go too
+    result = codes[0] if codes else (code or 1)
+    if raised or result:  # a run refused in its preflight emptied its run dir: the dirs made for it go too
+        release(claimed)
     if raised:
         raise raised[0]
-    return codes[0] if codes else (code or 1)
+    return result
 
 
 def entrypoint() -> None:

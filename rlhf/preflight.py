@@ -297,8 +297,8 @@ def check_rewards(spec: RunSpec, rows: Optional[list] = None) -> None:
     try:
         rewards.score(prompts, responses, metadata)
     except UserError as e:
-        raise UserError(f"{str(e).rstrip('.')} (called before the run started on {len(pairs)} stand-in samples: "
-                        "prompts of data.train_files, responses such as '' and 'I think the answer is 42.').") from None
+        raise UserError(f"{str(e).rstrip('.')}. Found before the run started, on {len(pairs)} stand-in samples "
+                        "(prompts of data.train_files, responses such as '' and 'I think the answer is 42.').") from None
     finally:
         rewards.close()
 

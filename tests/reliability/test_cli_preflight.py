@@ -65,3 +65,16 @@ def test_bad_input_stops_before_ray(rlhf_cache, tmp_path, capsys, name, args, pa
         from tests.helpers import leftovers
 
         assert leftovers(*before) == ([], [])
+
+
+def test_a_refused_run_leaves_no_default_run_dir(rlhf_cache, tmp_path, monkeypatch, capsys):
+    """Refused in its preflight (a reward function that raises on the stand-in samples), a run in
+    the default outputs/<date>/<time> leaves neither that dir nor outputs/."""
+    from rlhf import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "raises.py").write_text("def reward(prompts, responses, **kw):\n    raise KeyError('answer')\n")
+    code = cli.main(["tracking.backend=none", "tracking.console=plain", "train.steps=1",
+                     f"reward.functions=[{{fn: '{tmp_path}/raises.py:reward'}}]"])
+    assert code == 2 and "raised KeyError: 'answer'" in capsys.readouterr().err
+    assert not (tmp_path / "outputs").exists()
