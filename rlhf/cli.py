@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence
 from rlhf.config import (EXIT_USER, GROUPS, build_spec, claim_run_dir, compose, default_choices, describe,
                          group_options, release, resume_dir, resume_overrides, resume_spec)
 from rlhf.config import register_configs, run_dir_for  # noqa: F401 - scripts and tests import them from here
+from rlhf.config.groups import option_problem
+from rlhf.config.overrides import user_dirs, with_config_dirs
 from rlhf.config.rundir import Claimed
 from rlhf.quoting import quote_value
 from rlhf.run import check_before_run, execute
@@ -44,6 +46,11 @@ usage: rlhf-run [GROUP=OPTION ...] [KEY=VALUE ...] [--plan] [-m] [-cp DIR -cn NA
                  memory per GPU, then exit (no Ray, no GPU; about a second)
   -m, --multirun sweep comma-separated values, one job each: rlhf-run -m algo.lr=1e-6,5e-7
                  (or search with Hydra's Optuna sweeper: rlhf-run -m recipe=grpo_tiny_optuna)
+  -cd DIR, --config-dir DIR
+                 add your own folder of recipes and group options to the search path (Hydra's
+                 --config-dir; repeatable): DIR/recipe/mine.yaml is recipe=mine, DIR/algo/x.yaml is
+                 algo=x; a recipe of a shipped name replaces the shipped one. The same:
+                 hydra.searchpath=[file://DIR], or $RLHF_CONFIG_DIRS (folders joined by ':')
   -cp DIR -cn NAME
                  take the primary config from DIR/NAME.yaml; a run dir reruns its saved config:
                  rlhf-run -cp outputs/2026-11-29/12-00-00 -cn config
@@ -71,19 +78,38 @@ examples:
 """
 
 
-def render_help() -> str:
+def render_help(dirs: Sequence[Path] = ()) -> str:
+    """The help text; ``dirs``: the user's config folders, whose options are listed too. An option
+    whose file is not valid YAML is marked [broken], its problem named below the groups."""
     defaults = default_choices()
-    lines = []
+    lines, broken = [], []
     for g in GROUPS:
-        opts = group_options(g)
+        opts = group_options(g, dirs)
         default = defaults.get(g)
         ordered = ([default] if default in opts else []) + [o for o in opts if o != default]
+        problems = {o: option_problem(g, o, dirs) for o in ordered}
+        broken += [f"  {p}" for p in problems.values() if p]
+        ordered = [f"{o} [broken]" if problems[o] else o for o in ordered]
         if g == "recipe":
             ordered = ["(none)"] + ordered
         lines.append(f"  {g:<10} {', '.join(ordered) if ordered else '(none)'}")
+    if broken:
+        lines += ["", "broken (each fails only when picked):", *broken]
     from rlhf.hydra_app import HYDRA_HELP
 
     return HELP.format(groups="\n".join(lines)) + "\n" + HYDRA_HELP
+
+
+def help_dirs(argv: Sequence[str]) -> list[Path]:
+    """The user's config folders that a ``--help`` command line names (-cd, hydra.searchpath,
+    $RLHF_CONFIG_DIRS); none if the rest of the line does not parse."""
+    from rlhf.spec.errors import SpecError
+
+    try:
+        args = parse_args([a for a in argv if a not in ("-h", "--help")])
+        return user_dirs(with_config_dirs(args.overrides, args.config_dirs))
+    except SpecError:
+        return []
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -94,8 +120,9 @@ class Args:
     overrides: list[str] = field(default_factory=list)
     plan: bool = False
     multirun: bool = False
-    config_dir: Optional[str] = None
+    config_dir: Optional[str] = None  # -cp: the primary config's folder (a run dir's saved config)
     config_name: str = "config"
+    config_dirs: list[str] = field(default_factory=list)  # -cd: the user's folders added to the search path
     hydra_flags: list[str] = field(default_factory=list)  # Hydra's own (--cfg, --info, -sc, ...), passed on
     describe: Optional[str] = None  # --describe KEY: print the key's type, value and help, then exit
 
@@ -106,9 +133,17 @@ class Args:
 
 
 FLAGS_WITH_VALUE = {
-    "-cp": "config_dir", "--config-path": "config_dir", "-cd": "config_dir", "--config-dir": "config_dir",
+    "-cp": "config_dir", "--config-path": "config_dir", "-cd": "config_dirs", "--config-dir": "config_dirs",
     "-cn": "config_name", "--config-name": "config_name",
 }
+
+
+def _set_flag(args: Args, flag: str, value: str) -> None:
+    name = FLAGS_WITH_VALUE[flag]
+    if name == "config_dirs":
+        args.config_dirs.append(value)
+    else:
+        setattr(args, name, value)
 
 
 def parse_args(argv: Sequence[str]) -> Args:
@@ -146,12 +181,12 @@ def parse_args(argv: Sequence[str]) -> Args:
             if a in ("-c", "--cfg") and value not in CFG_KINDS:
                 raise SpecError([f"{a} {value}: choose one of {', '.join(CFG_KINDS)} (job: the config a run uses)."])
             if a in FLAGS_WITH_VALUE:
-                setattr(args, FLAGS_WITH_VALUE[a], value)
+                _set_flag(args, a, value)
             else:
                 args.hydra_flags += [HYDRA_VALUE_FLAGS[a], value]
         elif a.split("=", 1)[0] in FLAGS_WITH_VALUE and "=" in a:
             k, v = a.split("=", 1)
-            setattr(args, FLAGS_WITH_VALUE[k], v)
+            _set_flag(args, k, v)
         elif a in HYDRA_BARE_FLAGS:
             args.hydra_flags.append(HYDRA_BARE_FLAGS[a])
         elif a in INFO_FLAGS:
@@ -161,7 +196,7 @@ def parse_args(argv: Sequence[str]) -> Args:
                 i += 1
         elif a.startswith("-") and not a.startswith("~"):
             raise SpecError([
-                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cp DIR, -cn NAME, --describe KEY, "
+                f"unknown option {a!r}. Options: --plan, -m/--multirun, -cd DIR, -cp DIR, -cn NAME, --describe KEY, "
                 "--help; Hydra's "
                 "--cfg job|hydra|all, --info, --shell-completion (rlhf-run --help); "
                 "everything else is GROUP=OPTION or KEY=VALUE."
@@ -204,10 +239,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
-        print(render_help())
+        print(render_help(help_dirs(argv)))
         return 0
     try:
         args = parse_args(argv)
+        if resume_dir(args.overrides) is None:  # a resumed run's saved config needs no search path
+            args.overrides = with_config_dirs(args.overrides, args.config_dirs)
         if args.describe is not None:
             cfg = compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
             print(describe(cfg, args.describe))
@@ -252,8 +289,9 @@ def hydra_only(args: Args) -> int:
     composes = any(f in ("--cfg", "--info") for f in args.hydra_flags)
     if composes and not args.multirun:
         compose(args.overrides, config_dir=args.config_dir, config_name=args.config_name)
-    argv = [*args.hydra_flags, *(["--multirun"] if args.multirun else []),
-            *hydra_overrides(args.config_dir), *args.overrides]
+    # Hydra's flags last: --info takes an optional topic, and would read an override after it as one
+    argv = [*hydra_overrides(args.config_dir), *args.overrides, *(["--multirun"] if args.multirun else []),
+            *args.hydra_flags]
     return run_app(lambda cfg: None, argv, config_dir=args.config_dir, config_name=args.config_name)
 
 
@@ -280,9 +318,12 @@ def run_in_hydra(spec: RunSpec, overrides: Sequence[str], config_dir: Optional[s
 
     argv = [*hydra_overrides(config_dir), *overrides, f"hydra.run.dir={quote_value(str(spec.output_dir))}"]
     code = run_app(task, argv, config_dir=config_dir, config_name=config_name)
+    result = codes[0] if codes else (code or 1)
+    if raised or result:  # a run refused in its preflight emptied its run dir: the dirs made for it go too
+        release(claimed)
     if raised:
         raise raised[0]
-    return codes[0] if codes else (code or 1)
+    return result
 
 
 def entrypoint() -> None:

@@ -13,6 +13,9 @@ model path or output dir is one ``UserError`` line (exit code 2) and no half-sta
                                       ids unique, not every prompt over rollout.max_prompt_tokens
     check_rewards(spec)               every reward function imports (the file or module named,
                                       nothing else)
+    check_checkpoint(spec)            the checkpoint a resume starts from passes its manifest
+                                      (a corrupt newer one named and set aside); an RL run whose
+                                      run dir already finished every step stops (``Finished``)
 
 ``preflight(spec)`` runs all that apply to the run's kind; ``rlhf.run.run`` calls it after
 ``resolve_models``.
@@ -29,6 +32,45 @@ from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 
 ID_KEYS = ("id", "uid", "prompt_id")
+
+
+class Finished(Exception):
+    """The run dir holds a finished run of this spec: nothing to do (exit code 0, one line)."""
+
+
+def check_checkpoint(spec: RunSpec, console: Any = None) -> RunSpec:
+    """The checkpoint this run resumes from, verified against its manifest before Ray starts
+    (``rlhf.ckpt.manager.resume_point``): a corrupt newest one is named in one line, set aside, and
+    the newest intact one taken (saying so); none intact, or a corrupt one named by ``resume=``, is
+    a UserError. Returns the spec with ``resume`` set to the chosen checkpoint dir (what the loops
+    load), or as it was when there is none. Raises ``Finished`` for an RL run whose newest
+    checkpoint is its last step and whose final export is there: nothing would run."""
+    import dataclasses
+
+    from rlhf.ckpt.manager import resume_point
+    from rlhf.spec.build import freeze
+
+    try:
+        point = resume_point(spec.resume or spec.run_dir)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    chosen = point.chosen
+    for where, why in point.corrupt:
+        name = where.name.rsplit(".", 1)[0]
+        then = (f"resuming from {chosen.path.name}, the newest intact one" if chosen is not None
+                else "starting afresh")
+        line = f"warning: checkpoint {name} is corrupt ({why}): set aside as {where}; {then}"
+        console.print(line) if console is not None else print(line)
+    if chosen is None:
+        return spec
+    final = Path(spec.run_dir) / "final" / "hf"
+    if spec.algo.kind == "rl" and chosen.step >= spec.train.steps and final.is_dir():
+        from rlhf.quoting import resume_command
+
+        raise Finished(f"{spec.run_dir} has finished all {spec.train.steps} steps (checkpoint "
+                       f"{chosen.path.name}, {final}): nothing to run. More steps: "
+                       f"{resume_command(spec.run_dir)} train.steps=<more>; a new run: another output_dir.")
+    return freeze(dataclasses.replace(spec, resume=str(chosen.path)))
 
 
 def not_writable(what: str, e: OSError) -> str:
@@ -223,9 +265,17 @@ def check_prompts(spec: RunSpec, tokenizer) -> dict[str, int]:
     return over
 
 
-def check_rewards(spec: RunSpec) -> None:
-    """Import every reward function now (a typo or an import error is found before Ray starts)."""
-    from rlhf.rewards.loader import load_function
+# Responses the reward functions are called on before the run: what a policy may well produce.
+STAND_IN_RESPONSES = ("", "I think the answer is 42.", "x" * 300)
+
+
+def check_rewards(spec: RunSpec, rows: Optional[list] = None) -> None:
+    """Import every reward function now, and call them (not the remote service) on a few stand-in
+    samples: the first prompts of ``rows`` (the train file's; their other columns as metadata)
+    with responses of STAND_IN_RESPONSES. A typo, an import error, an exception, a wrong number
+    of values, NaN or a function slower than reward.timeout_s costs a second here, not a cluster
+    start (UserError, one line)."""
+    from rlhf.rewards.loader import Rewards, load_function
 
     for f in spec.reward.functions:
         load_function(f.fn)
@@ -234,6 +284,23 @@ def check_rewards(spec: RunSpec) -> None:
         from rlhf.envs import load_env
 
         load_env(env.fn)
+    if not spec.reward.functions:
+        return
+    key = spec.data.prompt_key
+    rows = list(rows or [])[:2] or [{key: "a stand-in prompt"}]
+    pairs = [(row, r) for row in rows for r in STAND_IN_RESPONSES]
+    prompts = [str(row.get(key, "")) for row, _ in pairs]
+    responses = [r for _, r in pairs]
+    metadata = {k: [row.get(k) for row, _ in pairs] for k in rows[0] if k != key}
+    metadata["finish_reasons"] = ["stop" if i % 2 == 0 else "length" for i in range(len(pairs))]
+    rewards = Rewards(spec.reward, remote=False)
+    try:
+        rewards.score(prompts, responses, metadata)
+    except UserError as e:
+        raise UserError(f"{str(e).rstrip('.')}. Found before the run started, on {len(pairs)} stand-in samples "
+                        "(prompts of data.train_files, responses such as '' and 'I think the answer is 42.').") from None
+    finally:
+        rewards.close()
 
 
 def check_fits(spec: RunSpec) -> None:
@@ -279,7 +346,7 @@ def preflight(spec: RunSpec, console: Any = None) -> Any:
         if spec.eval.every > 0:  # eval prompts: readable, the prompt column, every row (rlhf.loops.rl_eval)
             for name in spec.data.eval_files:
                 check_prompt_rows(name, read_rows(name, spec.data.prompt_key, spec.data.columns), spec.data.prompt_key)
-        check_rewards(spec)
+        check_rewards(spec, first)
         n = sum(over.values())
         if n and console is not None:
             console.print(f"data: {n} prompts longer than rollout.max_prompt_tokens={spec.rollout.max_prompt_tokens} "

@@ -162,6 +162,10 @@ def run(spec: RunSpec, checked: bool = False) -> int:
     t0 = time.perf_counter()
     cluster = tracker = console = lock = None
     status = "FAILED"
+    # a run dir this run makes (or finds empty) is removed again if the run is refused before the
+    # tracker starts: a refused run leaves nothing behind
+    fresh = not Path(spec.run_dir).is_dir() or not any(Path(spec.run_dir).iterdir())
+    refused = True
     # SIGTERM gets Ctrl-C's cleanup (the default would end the process with the cluster left up)
     on_main = _main_thread()
     old_term = signal.signal(signal.SIGTERM, _raise_terminated) if on_main else None
@@ -179,12 +183,21 @@ def run(spec: RunSpec, checked: bool = False) -> int:
 
         console = Console(spec.tracking.console, spec.train.steps if kind == "rl" else None)
         console.print(f"run dir: {run_dir}")
+        from rlhf.preflight import Finished, check_checkpoint
+
+        try:  # the checkpoint to resume from verified before anything starts
+            spec = check_checkpoint(spec, console)
+        except Finished as e:
+            refused = False
+            console.print(str(e))
+            return 0
         # models found (Hub ids fetched), data, reward functions and tokenizer checked, all before the
         # tracker and Ray start (also builds builtin:tiny once, before workers start)
         spec = resolve_models(spec, console)
         if any(m.repo for m in spec.models.values()):
             write_run_dir(spec)  # spec.yaml records the Hub commits the workers load
         prepared = preflight(spec, console)  # sft/rm/dpo: the tokenised data sets
+        refused = False
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(tracker.where())
         from rlhf.launch import start_cluster
@@ -258,9 +271,22 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         finally:
             if lock is not None:
                 lock.release()
+                if refused and fresh:
+                    _remove_refused(Path(spec.run_dir))
             if on_main:
                 signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
                 signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+
+
+def _remove_refused(run_dir: Path) -> None:
+    """What a run refused before it started wrote into its fresh run dir (spec.yaml, config.yaml),
+    and the dir while empty (the CLI then gives back the parents it made, ``rundir.release``)."""
+    for name in ("spec.yaml", "config.yaml"):
+        (run_dir / name).unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:  # something else was written there: kept
+        pass
 
 
 def _close(console) -> None:

@@ -321,7 +321,8 @@ class _Sweep:
                  parallel: bool = False):
         import threading
 
-        self.jobs = {tuple(j.overrides): j for j in jobs}
+        self.jobs = {tuple(j.overrides): j for j in jobs}  # a job of a search's trials, by its overrides
+        self.by_index = {j.index: j for j in jobs}  # two identical jobs of a grid are two jobs
         self.hooks = list(hooks)
         self.config_dir = config_dir
         self.parallel = parallel
@@ -336,7 +337,10 @@ class _Sweep:
 
         hc = HydraConfig.get()
         overrides = list(hc.overrides.task)
-        job = self.jobs.get(tuple(o for o in overrides if not is_hydra_override(o))) or Job(int(hc.job.num), overrides)
+        key = tuple(o for o in overrides if not is_hydra_override(o))
+        job = self.by_index.get(int(hc.job.num))  # the basic sweeper numbers the grid's jobs as it is expanded
+        if job is None or tuple(job.overrides) != key:
+            job = self.jobs.get(key) or Job(int(hc.job.num), overrides)
         out = str(hc.runtime.output_dir)
         if self.sweep_dir is None:
             self.sweep_dir = str(Path(out).parent)

@@ -1,3 +1,3 @@
-from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, ResumePoint, find_latest, resume_point, verify
 
-__all__ = ["CheckpointInfo", "CheckpointManager", "find_latest"]
+__all__ = ["CheckpointInfo", "CheckpointManager", "ResumePoint", "find_latest", "resume_point", "verify"]

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.config.composition import compose
-from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices
+from rlhf.config.groups import GROUPS, INTERNAL_GROUPS, default_choices, option_file, search_dirs
 from rlhf.config.overrides import parse_overrides
 from rlhf.config.rundir import Claimed, existing_parent, run_dir_for, run_dir_name, unique_dir
-from rlhf.paths import recipes_dir
 from rlhf.quoting import quote_value, resume_command
 from rlhf.spec.runspec import RunSpec
 
@@ -32,9 +31,10 @@ def changes_from_defaults(cfg: Any, overrides: Sequence[str], choices: Optional[
         out.append(f"{g}={choice} (default {defaults.get(g)})")
     recipe = choices.get("recipe")
     if recipe:
-        path = recipes_dir() / f"{recipe}.yaml"
+        searchpath = OmegaConf.select(cfg, "hydra.searchpath", default=None) or []
+        path = option_file("recipe", recipe, search_dirs(list(searchpath)))
         keys = []
-        if path.is_file():
+        if path is not None:
             node = OmegaConf.to_container(OmegaConf.load(path))
             node.pop("defaults", None)
             from rlhf.spec.build import flatten

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rlhf.config.groups import group_choices, group_options, register_configs
-from rlhf.config.overrides import check_group_choices, parse_overrides
+from rlhf.config.groups import group_choices, group_options, register_configs, yaml_error_line
+from rlhf.config.overrides import check_group_choices, parse_overrides, user_dirs
 from rlhf.paths import conf_dir
 
 
@@ -62,6 +62,11 @@ def hydra_message(e: Exception, overrides: Sequence[str], config_dir: str, confi
     text = str(e).strip()
     first = text.split("\n")[0]
 
+    import yaml
+
+    for x in chain:  # a group file, recipe or primary config that is not valid YAML
+        if isinstance(x, yaml.MarkedYAMLError):
+            return yaml_error_line(x)
     if "Could not find '" in first:  # an unknown option of a group (checked earlier for our groups)
         missing = first.split("Could not find '", 1)[1].split("'", 1)[0]
         group, _, option = missing.rpartition("/")
@@ -69,7 +74,8 @@ def hydra_message(e: Exception, overrides: Sequence[str], config_dir: str, confi
             return (f"{group} {option!r} not found. Choose one of: {', '.join(group_choices(group)) or '(none)'} "
                     f"(a plugin of another name: pip install hydra-{option.split('_')[0]}-{group.split('/')[-1]}).")
         if group:
-            return f"{group} {option!r} not found. Choose one of: {', '.join(group_options(group)) or '(none)'}."
+            options = group_options(group, user_dirs(overrides))
+            return f"{group} {option!r} not found. Choose one of: {', '.join(options) or '(none)'}."
         return first
     if "Could not append to config. An item is already at" in first:
         key = first.split("'")[1]

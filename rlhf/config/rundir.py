@@ -67,6 +67,8 @@ def release(claimed: Optional[Claimed]) -> None:
     while path != claimed.existed and path.startswith(claimed.existed + os.sep):
         try:
             os.rmdir(path)
+        except FileNotFoundError:  # removed already (a run refused in its preflight empties and removes its own)
+            pass
         except OSError:  # not empty (the run wrote to it, or another run's dir is beside it): kept
             return
         path = os.path.dirname(path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from rlhf.spec.errors import UserError
 from rlhf.spec.schema import DataSpec
@@ -39,12 +39,32 @@ def read_rows(name: str, prompt_key: Optional[str] = None, columns: Optional[Seq
     rows = load_file(name, columns).rows
     if prompt_key is not None and not any(prompt_key in r for r in rows):
         cols = sorted({k for r in rows[:100] for k in r})
+        guess = prompt_like(rows[:100], cols)
         raise UserError(
             f"data file {name!r} has no column {prompt_key!r} (columns: {', '.join(map(str, cols))}). "
-            f"Set data.prompt_key to the prompt column, or rename one: data.columns=[{cols[0] if cols else 'x'}:"
-            f"{prompt_key}]."
+            f"Set data.prompt_key to the prompt column (data.prompt_key={guess}), or rename it: "
+            f"data.columns=[{guess}:{prompt_key}]."
         )
     return rows
+
+
+# Column names that usually hold the prompt, most likely first.
+PROMPT_NAMES = ("question", "query", "instruction", "problem", "input", "prompt", "messages", "text", "content")
+
+
+def prompt_like(rows: list[dict], cols: Sequence[Any]) -> str:
+    """The column most likely to hold the prompt: a usual prompt name, else the one whose values
+    are the longest text (an answer column is usually shorter than its question)."""
+    names = {str(c).lower(): str(c) for c in cols}
+    for n in PROMPT_NAMES:
+        if n in names:
+            return names[n]
+
+    def length(c: Any) -> float:
+        texts = [r.get(c) for r in rows if isinstance(r.get(c), (str, list))]
+        return sum(len(str(t)) for t in texts) / max(1, len(rows))
+
+    return str(max(cols, key=length)) if cols else "x"
 
 
 class PromptSource:

@@ -9,6 +9,7 @@ import inspect
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -59,12 +60,54 @@ def _submit_daemon(fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
         if not fut.set_running_or_notify_cancel():
             return
         try:
-            fut.set_result(fn(*args, **kwargs))
+            fut.set_result(_call_user(fn, args, kwargs))
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             fut.set_exception(e)
 
     threading.Thread(target=target, name="reward", daemon=True).start()
     return fut
+
+
+class ThreadExecutor:
+    """Where reward functions run: a daemon thread of the driver per call (``_submit_daemon``).
+
+    The seam for isolation: ``Rewards(spec, executor=...)`` takes any object with
+    ``submit(rf, prompts, responses, kwargs) -> Future`` and ``close()``. A process pool (the
+    sandbox of the agent package) would call ``rf.ref`` (a ``module:function`` / ``file.py:function``
+    it loads itself with ``load_function``) in a worker process and set the future's exception to a
+    ``UserError`` naming ``rf.ref`` when that process dies (``os._exit``, a signal, its memory cap);
+    ``Rewards._call`` turns the result, a timeout or an exception into the same one-line errors."""
+
+    def submit(self, rf: "RewardFunction", prompts: list[str], responses: list[str],
+               kwargs: dict) -> concurrent.futures.Future:
+        return _submit_daemon(rf.fn, prompts, responses, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+SIGNATURE = "fn(prompts: list[str], responses: list[str], **metadata) -> list[float]"
+
+
+def _call_user(fn: Callable, args: tuple, kwargs: dict):
+    return fn(*args, **kwargs)  # the frame whose callee is the user's code (``_raised_inside``)
+
+
+def _raised_inside(e: BaseException) -> Optional[str]:
+    """Where inside the user's function ``e`` was raised (``file:line`` of the innermost frame), or
+    None when the call itself failed (a TypeError: a signature that does not take these arguments)."""
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    for i, t in enumerate(frames):
+        if t.tb_frame.f_code is _call_user.__code__:
+            frames = frames[i + 1:]
+            break
+    if not frames:
+        return None
+    return f"{frames[-1].tb_frame.f_code.co_filename}:{frames[-1].tb_lineno}"
 
 
 @dataclass
@@ -79,8 +122,9 @@ class RewardFunction:
 class Rewards:
     """The configured reward functions; ``score`` returns the weighted total and each part."""
 
-    def __init__(self, reward_spec: RewardSpec):
+    def __init__(self, reward_spec: RewardSpec, executor: Optional[ThreadExecutor] = None, remote: bool = True):
         self.timeout_s = reward_spec.timeout_s
+        self.executor = executor or ThreadExecutor()
         self.functions: list[RewardFunction] = []
         seen: dict[str, int] = {}
         for f in reward_spec.functions:
@@ -88,7 +132,7 @@ class Rewards:
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{base}_{seen[base]}"
             self.functions.append(RewardFunction(name, f.fn, load_function(f.fn), float(f.weight)))
-        remote = getattr(reward_spec, "remote", None)
+        remote = getattr(reward_spec, "remote", None) if remote else None
         if remote is not None:
             from rlhf.rewards.remote import RemoteReward
 
@@ -116,21 +160,28 @@ class Rewards:
         params = inspect.signature(rf.fn).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
-        fut = _submit_daemon(rf.fn, list(prompts), list(responses), **kwargs)
+        limit = self.timeout_s if rf.timeout_s == -1.0 else rf.timeout_s
+        too_slow = UserError(f"reward function {rf.ref} took more than reward.timeout_s={self.timeout_s} s on "
+                             f"{len(responses)} samples. Make it faster or raise reward.timeout_s.")
+        t0 = time.monotonic()
+        fut = self.executor.submit(rf, list(prompts), list(responses), kwargs)
         try:
-            out = fut.result(timeout=self.timeout_s if rf.timeout_s == -1.0 else rf.timeout_s)
+            out = fut.result(timeout=limit)
         except UserError:
             raise
         except concurrent.futures.TimeoutError:
-            raise UserError(
-                f"reward function {rf.ref} took more than reward.timeout_s={self.timeout_s} s on {len(responses)} "
-                "samples. Make it faster or raise reward.timeout_s."
-            ) from None
-        except Exception as e:  # noqa: BLE001
-            raise UserError(
-                f"reward function {rf.ref} raised {type(e).__name__}: {e}. Its signature must be "
-                "fn(prompts: list[str], responses: list[str], **metadata) -> list[float].".replace("\n", " ")
-            ) from None
+            raise too_slow from None
+        except BaseException as e:  # noqa: BLE001 - sys.exit inside the function too
+            where = _raised_inside(e)
+            text = " ".join(f"{type(e).__name__}: {e}".split())
+            if where is None and isinstance(e, TypeError):  # the call itself: a signature that does not fit
+                raise UserError(f"reward function {rf.ref} cannot be called as {SIGNATURE} ({text}).") from None
+            raise UserError(f"reward function {rf.ref} raised {text}"
+                            + (f" (at {where})." if where else ".")) from None
+        # a call that returned after its limit is over it too (with a tiny limit, the function may
+        # finish before the wait starts)
+        if limit is not None and time.monotonic() - t0 > limit:
+            raise too_slow
         try:
             values = [float(v) for v in out]
         except Exception:  # noqa: BLE001
@@ -153,3 +204,4 @@ class Rewards:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.close()

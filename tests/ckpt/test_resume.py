@@ -1,10 +1,16 @@
 """Kill an RL run after a checkpoint (SIGKILL of the driver's whole process group, Ray included),
 resume it with ``rlhf-run resume=<run dir>``, and compare every step's metrics with an
-uninterrupted run of the same config: equal within 1e-6 (timing metrics excluded)."""
+uninterrupted run of the same config: equal within 1e-6 (timing metrics excluded).
+
+The same two runs then serve the checkpoint manifest's tests: every file of a real checkpoint
+(DeepSpeed state, HF export, driver state, marker) cut short and with a byte changed is named; a
+corrupt newest checkpoint is set aside and the run resumes from the one before, its metrics again
+equal to the uninterrupted run's; a finished run dir rerun starts nothing."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,10 +66,13 @@ def reward(prompts, responses, **meta):
 '''
 
 
-@pytest.mark.timeout(900)
-def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
+@pytest.fixture(scope="module")
+def runs(rl_env, tmp_path_factory):
+    """The killed-and-resumed run and the uninterrupted one: (killed run dir, full run dir, log of
+    the resume, the full run's metrics as it ended)."""
     from rlhf.ckpt import find_latest
 
+    tmp_path = tmp_path_factory.mktemp("resume")
     cache = tmp_path / "cache"
     full, killed = tmp_path / "full", tmp_path / "killed"
     arm = tmp_path / "arm"
@@ -92,10 +101,10 @@ def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
     finally:
         if c.poll() is None:
             _kill_group(c)
-    log = (tmp_path / "resume.log").read_text()
-    assert f"resumed from {killed / 'checkpoints' / 'step_00000002'} at step 3" in log
+    return killed, full, (tmp_path / "resume.log").read_text(), read_metrics(full)
 
-    ref, got = read_metrics(full), read_metrics(killed)
+
+def _assert_same_metrics(ref: list[dict], got: list[dict]) -> None:
     assert [r["step"] for r in ref] == list(range(STEPS)) and [r["step"] for r in got] == list(range(STEPS))
     compared = 0
     for x, y in zip(ref, got):
@@ -105,9 +114,91 @@ def test_killed_and_resumed_run_equals_uninterrupted(rl_env, tmp_path):
             assert abs(x[k] - y[k]) <= 1e-6, (x["step"], k, x[k], y[k])
             compared += 1
     assert compared > 20
+
+
+@pytest.mark.timeout(900)
+def test_killed_and_resumed_run_equals_uninterrupted(runs):
+    from rlhf.ckpt import find_latest
+
+    killed, full, log, ref = runs
+    assert f"resumed from {killed / 'checkpoints' / 'step_00000002'} at step 3" in log
+    _assert_same_metrics(ref, read_metrics(killed))
     # the resumed run ends like any run: final HF export, newest checkpoints kept
     assert (killed / "final" / "hf" / "config.json").is_file()
     assert find_latest(killed).step == STEPS
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(str(killed / "final" / "hf"))
+
+
+@pytest.mark.timeout(900)
+def test_every_file_of_a_real_checkpoint_cut_short_or_changed_is_named(runs, tmp_path):
+    from rlhf.ckpt import verify
+
+    _, full, _, _ = runs
+    ckpt = tmp_path / "step_00000004"
+    shutil.copytree(full / "checkpoints" / "step_00000004", ckpt)
+    assert verify(ckpt) is None
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file())
+    roles = {f.relative_to(ckpt).parts[0] for f in files}
+    assert {"driver.pt", "COMPLETE", "actor"} <= roles and any("hf" in f.parts for f in files)
+    checked = 0
+    for f in files:
+        rel, data = f.relative_to(ckpt).as_posix(), f.read_bytes()
+        if not data:
+            continue
+        mid = len(data) // 2
+        for broken in (data[:mid], data[:mid] + bytes([data[mid] ^ 0x10]) + data[mid + 1:]):
+            f.write_bytes(broken)
+            why = verify(ckpt)
+            assert why is not None and rel in why, (rel, why)
+            checked += 1
+        f.write_bytes(data)
+    assert checked >= 2 * (len(files) - 1) and verify(ckpt) is None
+
+
+@pytest.mark.timeout(900)
+def test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(runs, tmp_path, capsys):
+    """Step 4's DeepSpeed state cut short: the resume names it, sets it aside, continues from step
+    2 (before any cluster starts), and ends with the metrics of the uninterrupted run."""
+    from rlhf.config import resume_spec
+    from rlhf.run import run
+
+    _, full, _, ref = runs
+    run_dir = tmp_path / "run"
+    shutil.copytree(full, run_dir)
+    state = sorted((run_dir / "checkpoints" / "step_00000004" / "actor").rglob("*model_states.pt"))[0]
+    size = state.stat().st_size
+    state.write_bytes(state.read_bytes()[:-100])
+    assert run(resume_spec(str(run_dir), [])) == 0
+    out = capsys.readouterr().out
+    rel = state.relative_to(run_dir / "checkpoints" / "step_00000004").as_posix()
+    assert (f"warning: checkpoint step_00000004 is corrupt ({rel} is {size - 100} bytes, the manifest "
+            f"says {size}): set aside as {run_dir / 'checkpoints' / 'step_00000004.corrupt'}; "
+            "resuming from step_00000002, the newest intact one") in out
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_00000002'} at step 3" in out
+    _assert_same_metrics(ref, read_metrics(run_dir))
+    assert (run_dir / "checkpoints" / "step_00000004" / "COMPLETE").is_file()
+
+
+@pytest.mark.timeout(900)
+def test_a_finished_run_dir_rerun_starts_nothing(runs, tmp_path, capsys, monkeypatch):
+    import rlhf.launch
+    from rlhf.config import resume_spec
+    from rlhf.run import run
+
+    _, full, _, _ = runs
+    run_dir = tmp_path / "done"
+    shutil.copytree(full, run_dir)
+    monkeypatch.setattr(rlhf.launch, "start_cluster", lambda spec: pytest.fail("a cluster started"))
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert run(resume_spec(str(run_dir), [])) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir} has finished all {STEPS} steps (checkpoint step_00000004" in out and "nothing to run" in out
+    assert (run_dir / "metrics.jsonl").read_text() == before
+    # every checkpoint corrupt: one line, exit 2, nothing started
+    for d in (run_dir / "checkpoints").glob("step_*"):
+        (d / "driver.pt").write_bytes(b"")
+    assert run(resume_spec(str(run_dir), [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: no intact checkpoint in {run_dir / 'checkpoints'}: ")

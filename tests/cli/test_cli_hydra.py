@@ -269,3 +269,13 @@ def test_resume_of_a_run_dir_with_a_comma_quotes_and_brackets(recording_run, tmp
     assert cli.main(["resume=runs/a,b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rlhf-run 'resume=\"runs/a,b\"'" in err[0]
+
+
+def test_info_alone_and_before_overrides(capsys):
+    """--info takes an optional topic: alone, or followed by an override, it prints Hydra's info
+    (the overrides the CLI adds go before Hydra's flags, not after, where --info would read one)."""
+    assert cli.main(["--info"]) == 0
+    out = capsys.readouterr().out
+    assert "Installed Hydra Plugins" in out and "rlhf://recipes" in out
+    assert cli.main(["--info", "algo=ppo"]) == 0
+    assert "algo: ppo" in capsys.readouterr().out

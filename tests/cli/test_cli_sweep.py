@@ -111,3 +111,16 @@ def test_an_interval_with_the_basic_sweeper_exits_2(capsys, monkeypatch):
     assert cli.main(["-m", "algo.lr=interval(1e-6,1e-3)", "--plan"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: algo.lr=interval(1e-6,1e-3): the basic sweeper runs lists") and "optuna" in err
+
+
+def test_identical_jobs_are_two_jobs_in_the_summary(fake_execute, capsys):
+    """-m train.steps=1,4,1: three jobs, numbered #0, #1, #2 with their own dirs (two identical
+    jobs used to be one key: '#2' twice, and job dir 0 recorded as index 2)."""
+    assert cli.main(["-m", "train.steps=1,4,1", "tracking.backend=none"]) == 0
+    assert [s.train.steps for s in fake_execute] == [1, 4, 1]
+    sweep_dir = Path(fake_execute[0].output_dir).parent
+    results = yaml.safe_load((sweep_dir / "sweep_results.yaml").read_text())
+    assert [r["index"] for r in results] == [0, 1, 2]
+    assert [Path(r["output_dir"]).name for r in results] == ["0", "1", "2"]
+    out = capsys.readouterr().out
+    assert all(f"#{i} ok" in out for i in range(3)), out

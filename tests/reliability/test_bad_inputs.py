@@ -38,8 +38,12 @@ DATA = [
     ("notparquet.parquet", b"PAR1 not really", "prompt", ["notparquet.parquet: cannot read as parquet"]),
     ("prompts.txt", b"hello\n", "prompt", ["prompts.txt: unknown format", ".jsonl"]),
     ("nokey.jsonl", b'{"question": "a", "answer": "b"}\n', "prompt",
-     ["nokey.jsonl' has no column 'prompt' (columns: answer, question)", "Set data.prompt_key"]),
-    ("nokey.csv", b"question,answer\na,b\n", "prompt", ["has no column 'prompt'", "data.prompt_key"]),
+     ["nokey.jsonl' has no column 'prompt' (columns: answer, question)", "data.prompt_key=question",
+      "data.columns=[question:prompt]"]),
+    # no usual prompt name: the column of the longest text, not the first by name
+    ("noname.jsonl", b'{"a_label": "yes", "body": "a long question about keys and maps"}\n', "prompt",
+     ["data.prompt_key=body", "data.columns=[body:prompt]"]),
+    ("nokey.csv", b"question,answer\na,b\n", "prompt", ["has no column 'prompt'", "data.prompt_key=question"]),
     ("wrongkey.jsonl", b'{"prompt": "a"}\n', "query", ["has no column 'query' (columns: prompt)", "data.prompt_key"]),
     # row-level problems: rlhf.preflight.check_prompt_rows
     ("onemissing.jsonl", b'{"prompt": "key k1"}\n{"text": "key k2"}\n', "prompt",
@@ -336,7 +340,9 @@ def _rewards(tmp_path, body: str, timeout_s: float = 60.0):
 
 
 SCORE = [
-    ("exception", "    raise KeyError('answer')", ["raised KeyError: 'answer'", "fn(prompts: list[str], responses"]),
+    ("exception", "    raise KeyError('answer')", ["raised KeyError: 'answer' (at ", "r.py:4)."]),
+    ("type_error_inside", "    return [len(r) + 'x' for r in responses]", ["raised TypeError: unsupported operand"]),
+    ("sys_exit", "    raise SystemExit(0)", ["raised SystemExit: 0 (at "]),
     ("nan", "    return [float('nan')] * len(responses)", ["returned a non-finite value (nan) for response 0",
                                                             "return finite numbers"]),
     ("inf", "    return [0.0, math.inf, 0.0]", ["returned a non-finite value (inf) for response 1"]),
@@ -354,6 +360,40 @@ def test_reward_function_fails_while_scoring(tmp_path, body, parts):
         with pytest.raises(UserError) as e:
             rewards.score(["p"] * 3, ["a", "b", "c"], {"answer": ["x"] * 3})
         assert_clear(str(e.value), f"reward function {ref}", *parts)
+    finally:
+        rewards.close()
+
+
+def test_reward_function_error_names_the_signature_only_when_the_call_does_not_fit(tmp_path):
+    rewards, ref = _rewards(tmp_path, "    raise TypeError('inside')")
+    try:
+        with pytest.raises(UserError) as e:
+            rewards.score(["p"], ["a"], {})
+        assert "signature" not in str(e.value) and "cannot be called" not in str(e.value)
+    finally:
+        rewards.close()
+    f = tmp_path / "two.py"
+    f.write_text("def reward(prompts):\n    return [0.0] * len(prompts)\n")
+    from rlhf.rewards import Rewards
+
+    rewards = Rewards(SimpleNamespace(functions=[SimpleNamespace(fn=f"{f}:reward", weight=1.0, name=None)],
+                                      timeout_s=60.0, remote=None))
+    try:
+        with pytest.raises(UserError) as e:
+            rewards.score(["p"], ["a"], {})
+        assert_clear(str(e.value), f"reward function {f}:reward cannot be called as fn(prompts: list[str], "
+                                   "responses: list[str], **metadata) -> list[float]", "TypeError")
+    finally:
+        rewards.close()
+
+
+def test_a_tiny_timeout_times_out_even_when_the_function_returns_first(tmp_path):
+    """reward.timeout_s=1e-6: the call returns before the wait begins, but it took longer than that."""
+    rewards, ref = _rewards(tmp_path, "    return [1.0] * len(responses)", timeout_s=1e-6)
+    try:
+        with pytest.raises(UserError) as e:
+            rewards.score(["p"], ["a"], {})
+        assert_clear(str(e.value), f"reward function {ref} took more than reward.timeout_s=1e-06 s")
     finally:
         rewards.close()
 

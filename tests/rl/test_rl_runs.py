@@ -126,7 +126,9 @@ def test_no_leftovers_after_run(grpo_hybrid):
 
 def test_no_leftovers_after_failing_run(rl_env, tmp_path, capsys):
     bad = tmp_path / "bad_reward.py"
-    bad.write_text("def reward(prompts, responses, **kw):\n    raise ValueError('boom')\n")
+    # fine on its first call (the stand-in samples of the preflight), then raising inside the run
+    bad.write_text("calls = []\n\ndef reward(prompts, responses, **kw):\n    calls.append(1)\n"
+                   "    if len(calls) > 1:\n        raise ValueError('boom')\n    return [0.0] * len(responses)\n")
     before = snapshot()
     code, rows = run_rl(TOY + ["algo=dr_grpo", "train.steps=2", f"reward.functions=[{{fn: '{bad}:reward'}}]"],
                         tmp_path / "fail")
