@@ -32,6 +32,7 @@ import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 
 from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
+from rlhf.rollout import registry as engines
 from rlhf.spec.errors import UserError
 from rlhf.spec.nodes import held_devices, node_of
 from rlhf.spec.runspec import RunSpec
@@ -201,7 +202,7 @@ HYBRID_GROUP = "devices"  # hybrid placement's one placement group
 class Slot:
     """Where one rank runs: its process on the first of ``bundles`` of placement group ``group``,
     taking ``resources`` there. ``engine``: the settings the launcher gives the rank's rollout
-    engine (``rlhf.rollout.vllm.EngineConfig`` fields), empty where the spec decides them all."""
+    engine (``EngineKind.launch_settings``), empty where the spec decides them all."""
 
     group: str
     bundles: tuple[int, ...]
@@ -231,7 +232,7 @@ def placement(spec: RunSpec) -> dict[str, list[Slot]]:
     groups = group_devices(spec)
     hybrid = spec.layout.mode == "hybrid"
     sharing = Counter(d for ranks in held.values() for devs in ranks for d in devs)  # ranks per device
-    ray_executor = spec.rollout_engine == "vllm" and spec.layout.rollout_tp > 1
+    kind = engines.kind(spec) if "rollout" in held else None
     out: dict[str, list[Slot]] = {}
     for role, ranks in held.items():
         name = HYBRID_GROUP if hybrid else role
@@ -240,9 +241,9 @@ def placement(spec: RunSpec) -> dict[str, list[Slot]]:
         out[role] = []
         for devs in ranks:
             bundles = tuple(groups[name].index(d) for d in devs)
-            if role == "rollout" and ray_executor:
-                out[role].append(Slot(name, bundles, {"GPU": 0.0, "CPU": share},
-                                      {"bundle_indices": bundles, "gpu_share": share}))
+            settings = kind.launch_settings(spec, bundles, share) if role == "rollout" else None
+            if settings is not None:  # the engine's own processes take the devices: its worker holds none
+                out[role].append(Slot(name, bundles, {"GPU": 0.0, "CPU": share}, settings))
             else:
                 out[role].append(Slot(name, bundles, res))
     return out

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
+from rlhf.rollout import registry as engines
 from rlhf.spec.memory import (
     DTYPE_BYTES,
     GB,
@@ -205,11 +206,9 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         for n in (target, 2 * target, 4 * target):
             out.append(_more_devices(spec, n) + ["#devices"])
     else:  # generation phase / rollout
-        from rlhf.spec.memory import min_tensor_parallel
-
         weights = est.figures[name].get("vLLM weights", 0.0)
         share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-        tp = min_tensor_parallel(spec) if weights > share / 2 else 0
+        tp = engines.kind(spec).min_tensor_parallel(spec) if weights > share / 2 else 0
         if tp > spec.layout.rollout_tp:
             out.append([f"placement.rollout.tensor_parallel={tp}"])
             if pl.mode == "disaggregated":  # the engines' GPUs come out of the others': more in all

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
+from rlhf.rollout import registry as engines
 from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
@@ -56,9 +57,9 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
                                                                    spec.data, spec.rollout)
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch, why))
     if spec.rollout.seeded is None:
-        spec.rollout.seeded = spec.rollout_engine == "hf"
+        spec.rollout.seeded = engines.kind(spec).seeded
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
-                            "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
+                            "" if spec.rollout.seeded else f"{spec.rollout_engine} samples unseeded requests in one batch"))
     if spec.model.liger_kernels == AUTO:
         spec.model.liger_kernels, why = _liger(spec)
         out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlhf.rollout import registry as engines
 from rlhf.spec import schema as S
 from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
@@ -226,9 +227,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
         raise SpecError(problems)
     layout = plan_layout(sections, roles)
     batch = plan_batch(sections["algo"], sections["train"], layout.world_size("actor"))
-    engine = sections["rollout"].engine
-    if engine == "auto":
-        engine = "vllm" if sections["hardware"].accelerator == "cuda" else "hf"
+    engine = engines.resolve(sections["rollout"].engine, sections["hardware"].accelerator, sections["rollout"].plugins)
     spec = RunSpec(
         **sections,
         roles=roles,

@@ -316,7 +316,11 @@ class PlacementSpec(Frozen):
 class RolloutSpec(Frozen):
     """Sampling of the responses."""
 
-    engine: str = doc("auto", "auto | hf | vllm (auto: vllm on cuda, hf on cpu).")
+    engine: str = doc("auto", "auto | hf | vllm | an engine registered by rollout.plugins (auto: vllm on cuda, "
+                      "hf on cpu).")
+    plugins: list[str] = docf(list, "Modules imported in the driver and the rollout workers before the engine is "
+                              "looked up; their @register_engine classes add rollout engines "
+                              "(rlhf.rollout.registry).")
     max_prompt_tokens: int = doc(64, "Prompts are cut to this many tokens.")
     max_response_tokens: int = doc(16, "Generation stops after this many tokens.")
     temperature: float = doc(1.0, "Sampling temperature; 1.0 samples the policy itself (what the "

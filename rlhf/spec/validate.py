@@ -16,6 +16,7 @@ from rlhf.algos.registry import (
     Registry,
     plugin_problem,
 )
+from rlhf.rollout import registry as engines
 from rlhf.spec.schema import RLAlgo
 from rlhf.spec.tokens import sequence_tokens
 
@@ -41,6 +42,28 @@ def estimator_info(algo: RLAlgo) -> Optional[EstimatorInfo]:
     for module in algo.plugins:
         plugin_problem(module)
     return ADVANTAGE_ESTIMATORS.info(algo.estimator) if algo.estimator in ADVANTAGE_ESTIMATORS.names() else None
+
+
+def _rollout_engine(s: dict[str, Any]) -> list[str]:
+    """rollout.engine: registered (after importing rollout.plugins), runs on this hardware, and its
+    kind's own rules."""
+    rollout, hw = s["rollout"], s["hardware"]
+    p = [msg for msg in map(engines.plugin_problem, rollout.plugins) if msg is not None]
+    if p:
+        return p
+    known = engines.names(rollout.plugins)
+    if rollout.engine != "auto" and rollout.engine not in known:
+        return [f"rollout.engine={rollout.engine!r} is not valid. Choose one of: auto, {', '.join(known)} "
+                "(or register another in a module named in rollout.plugins)."]
+    kind = engines.get(engines.resolve(rollout.engine, hw.accelerator, rollout.plugins))
+    if hw.accelerator not in kind.accelerators:
+        others = [n for n in known if hw.accelerator in engines.get(n).accelerators]
+        p.append(f"rollout.engine={kind.name} needs {' or '.join(kind.accelerators)} but hardware={hw.name} is "
+                 f"{hw.accelerator}. Use rollout.engine={' or '.join(others) or 'auto'} (or auto), or other hardware.")
+    if rollout.seeded is False and kind.needs_seeds:
+        p.append(f"rollout.seeded=false: the {kind.name} engine draws every sample from its own seeded generator, "
+                 "so it needs the seeds. Use rollout.seeded=true (or leave it unset).")
+    return p + kind.problems(s)
 
 
 def _divisors(n: int) -> list[int]:
@@ -148,13 +171,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
             p.append(f"{key}=true needs a CUDA GPU, but hardware={hw.name} has none. Use {key}={fix}.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
-    _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
-    if rollout.engine == "vllm" and hw.accelerator == "cpu":
-        p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
-    hf_engine = rollout.engine == "hf" or (rollout.engine == "auto" and hw.accelerator != "cuda")
-    if rollout.seeded is False and hf_engine:
-        p.append("rollout.seeded=false: HF generate draws every sample from its own seeded generator, so it needs "
-                 "the seeds. Use rollout.seeded=true (or leave it unset).")
+    p.extend(_rollout_engine(s))
 
     # ---- placement
     n_before_placement = len(p)

@@ -13,7 +13,7 @@ and, under ZeRO-3, gathers only one bucket's shards at a time (``deepspeed.zero.
 a collective: every trainer rank must call ``send`` together; only rank 0 talks to the engines).
 
 ``send`` returns ``{"sync_seconds", "sync_bytes", "sync_gbps", "sync_buckets"}``.
-The engine side is ``rlhf.workers.vllm_ext.WeightSyncExtension``, reached through the methods of
+The engine side is ``rlhf.rollout.vllm_ext.WeightSyncExtension``, reached through the methods of
 ``rlhf.workers.rollout.RolloutWorker`` and ``rlhf.rollout.vllm.VLLMEngine`` (``load_ipc``,
 ``load_nccl``, ``sync_done``, ``init_weight_group``).
 

@@ -584,8 +584,8 @@ class _StatSums:
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch
-        (``rlhf.rollout.vllm.mismatch_sums``: the sums behind ``logprob_mismatch``)."""
-        from rlhf.rollout.vllm import mismatch_sums
+        (``rlhf.algos.kl.mismatch_sums``: the sums behind ``logprob_mismatch``)."""
+        from rlhf.algos.kl import mismatch_sums
 
         m = mismatch_sums(rollout_logp, trainer_logp, mask)
         top = torch.as_tensor(self.sums.get("mismatch/logp_abs_max", 0.0), dtype=torch.float64, device=m["max"].device)

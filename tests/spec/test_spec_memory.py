@@ -11,6 +11,7 @@ import yaml
 
 from rlhf import cli
 from rlhf.paths import conf_dir
+from rlhf.rollout import vllm_kind
 from rlhf.spec import memory
 from rlhf.spec.schema import LoraSpec, ModelSpec
 
@@ -284,7 +285,7 @@ def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
 def test_the_doc_states_the_constants_the_code_uses():
     text = DOC.read_text()
     assert f"| {memory.CUDA_OVERHEAD_GB:g} GB | `CUDA_OVERHEAD_GB`" in text
-    assert f"| {memory.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
+    assert f"| {vllm_kind.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
     assert memory.ACT_BYTES_PER_LAYER == (20, 8, 4, 4) and "| 20·h + 8·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER`" in text
     assert memory.ACT_BYTES_PER_LAYER_LIGER == (12, 6, 4, 4) and \
         "| 12·h + 6·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER_LIGER`" in text
@@ -297,8 +298,9 @@ def test_the_doc_states_the_constants_the_code_uses():
     for name in ("LINEAR_CHUNK_BYTES_PER_LOGIT", "HEAD_GRAD_BYTES", "CHUNK_BYTES_PER_LOGIT",
                  "FORWARD_CHUNK_BYTES_PER_LOGIT", "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
         assert f"| {getattr(memory, name)} B | `{name}`" in text, name
-    for name in ("HOST_PROCESS_GB", "HOST_VLLM_ENGINE_GB", "HOST_DRIVER_GB"):
+    for name in ("HOST_PROCESS_GB", "HOST_DRIVER_GB"):
         assert f"| {getattr(memory, name):g} GB | `{name}`" in text, name
+    assert f"| {vllm_kind.HOST_VLLM_ENGINE_GB:g} GB | `HOST_VLLM_ENGINE_GB`" in text
     assert f"| {memory.ZERO_REDUCE_BUCKET:.0e} | `ZERO_REDUCE_BUCKET`".replace("e+0", "e") in text
 
 

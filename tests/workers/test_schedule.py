@@ -52,7 +52,7 @@ def run(monkeypatch):
     def run(device="cuda", mode="hybrid", sleep=True, offload=True, critic=True):
         log: list = []
         group = lambda role: ActorGroup(role, [_Handle(log, role, r) for r in range(2)])  # noqa: E731
-        spec = NS(device=device, rollout_engine="vllm" if device == "cuda" else "hf",
+        spec = NS(device=device, rollout_engine="vllm" if device == "cuda" else "hf", rollout=NS(plugins=()),
                   layout=NS(mode=mode, engines=[(0,), (1,)]),
                   placement=NS(sleep_rollout=sleep, offload_train_state=offload))
         cluster = NS(actor=group("actor"), critic=group("critic") if critic else None, reference=group("reference"),
