@@ -202,7 +202,7 @@ def _timeout_line(cluster: Any, roles: list[str], rank: Optional[int],
         backend = "NCCL" if getattr(spec, "device", "") == "cuda" else "gloo"
     groups = [_group(cluster, r) for r in roles[:1]]
     if where is not None and where[0] == "sync" and spec is not None and roles[:1] != ["rollout"] \
-            and spec.layout.mode == "disaggregated" and engines.kind(spec).device_weights:
+            and not spec.layout.rollout_beside_training and engines.kind(spec).device_weights:
         groups.append(_group(cluster, "rollout"))  # the trainer broadcasts to the engines (rlhf.workers.sync_cuda)
     groups = [g for g in groups if g]
     what = f"{'an' if backend == 'NCCL' else 'a'} {backend} collective" + (f" of {' and '.join(groups)}" if groups else "")

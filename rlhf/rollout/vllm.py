@@ -376,7 +376,7 @@ def engine_config(spec: RunSpec, model_path: str, **over: Any) -> EngineConfig:
         seed=spec.train.seed,
         gpu_memory_utilization=r.gpu_memory_utilization,
         enforce_eager=r.enforce_eager,
-        enable_sleep_mode=spec.placement.mode == "hybrid" and spec.placement.sleep_rollout,
+        enable_sleep_mode=spec.layout.rollout_beside_training and spec.placement.sleep_rollout,
         max_model_len=r.max_prompt_tokens + r.max_response_tokens,
     )
     extra = os.environ.get("RLHF_VLLM_ARGS")  # more vllm.LLM arguments, JSON (benchmarks, tuning)

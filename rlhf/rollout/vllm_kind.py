@@ -62,7 +62,7 @@ class VLLMKind(EngineKind):
         """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
         share for the KV cache; 0 if none does."""
         from rlhf.spec.memory import param_count
-        from rlhf.spec.validate import tp_splits_heads
+        from rlhf.placement.layout import tp_splits_heads
 
         m, hw = spec.model, spec.hardware
         share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb

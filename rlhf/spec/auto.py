@@ -28,7 +28,7 @@ import importlib.util
 from typing import Optional
 
 from rlhf.rollout import registry as engines
-from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
+from rlhf.spec.memory import HOST, Estimate, capacity, estimate, training_figure
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
 from rlhf.spec.tokens import micro_batch_tokens
@@ -42,7 +42,7 @@ def _what(name: str) -> str:
 
 def worst_training_figure(est: Estimate) -> tuple[str, float]:
     """The training figure (hybrid training phase, or a training role) with the most GB."""
-    totals = {k: v for k, v in est.totals.items() if k in TRAINING_FIGURES}
+    totals = {k: v for k, v in est.totals.items() if training_figure(k)}
     name = max(totals, key=totals.get)
     return name, totals[name]
 
@@ -180,7 +180,7 @@ def _train_state(spec: RunSpec) -> list[Decision]:
     pl = spec.placement
     if pl.offload_train_state != AUTO:
         return []
-    if not (pl.mode == "hybrid" and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
+    if not (spec.layout.one_pool and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
         pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
         return [Decision("placement.offload_train_state", AUTO, True, "")]
     cap = capacity(spec, "generation phase")  # every GPU figure's

@@ -15,7 +15,7 @@ from rlhf.rollout import registry as engines
 from rlhf.spec import schema as S
 from rlhf.spec.auto import resolve
 from rlhf.spec.errors import SpecError
-from rlhf.spec.layout import plan_layout
+from rlhf.placement.layout import plan_layout
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
 from rlhf.spec.shape import apply_checkpoint_shape, shape_source
 from rlhf.spec.validate import estimator_info, validate

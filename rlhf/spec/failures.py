@@ -39,10 +39,10 @@ def oom_message(spec: RunSpec, phase: str) -> str:
 
     est = estimate(spec)
     generation = phase == "generate"
-    if spec.placement.mode == "hybrid":  # the weight sync wakes vLLM: its share is what grows
-        figure = "generation phase" if generation or phase == "sync" else "training phase"
+    if spec.layout.one_pool:  # the weight sync wakes the engines: their share is what grows
+        figure = spec.layout.figure("rollout", generating=generation or phase == "sync")
     else:
-        figure = "rollout" if generation else ROLE_OF_PHASE.get(phase, "actor")
+        figure = spec.layout.figure("rollout" if generation else ROLE_OF_PHASE.get(phase, "actor"))
     planned = est.total(figure) if figure in est.figures else None
     tips = [" ".join(s.overrides) for s in suggestions(spec, est, figure)
             if planned is None or s.total < planned - 0.05][:3]

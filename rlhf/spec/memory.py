@@ -5,8 +5,9 @@ fit and to show where the memory goes, not to predict the allocator to the megab
 training figures are calibrated against peaks measured on an H200 (docs/memory.md, "measured vs
 planned").
 
-Hybrid placement has two phases on every GPU (training, generation); disaggregated placement has
-one figure per role, for the GPUs of that role. ``estimate`` returns both kinds as
+Hybrid placement (one pool of every role) has two phases on every GPU (training, generation);
+otherwise there is one figure per pool of roles that share devices (disaggregated: per role,
+``actor``; a placement whose actor and reference share: ``actor + reference``), for one of its GPUs. ``estimate`` returns both kinds as
 ``{name: {part: GB}}`` so the plan and the tests read them the same way, and the host memory of
 the busiest node as ``Estimate.host`` (GPU runs whose hardware states its host memory).
 """
@@ -85,6 +86,11 @@ ZERO3_PREFETCH_BUCKET = 50_000_000
 STEP_BYTES_FP32 = 4
 # The training figures (hybrid's training phase, or a training role's GPU).
 TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
+
+
+def training_figure(name: str) -> bool:
+    """A training figure: hybrid's training phase, a training role's, or a pool of them (``actor + reference``)."""
+    return name in TRAINING_FIGURES or all(part in TRAINING_FIGURES[1:] for part in name.split(" + "))
 
 # ---- host memory (per node)
 HOST = "host memory"
@@ -326,7 +332,7 @@ def estimate(spec: RunSpec) -> Estimate:
     critic_work = {**buffers("critic", p_value), "critic activations": activations_gb(m, tokens)} if has_critic else {}
     # RL with LoRA: the reference is the policy with its adapters disabled, so on the actor's GPUs
     # (hybrid) it needs no weights of its own.
-    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
+    shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
     has_reference = "reference" in spec.roles and not shared_reference
     reference = {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)} \
         if has_reference else {}
@@ -336,7 +342,7 @@ def estimate(spec: RunSpec) -> Estimate:
     engine = engines.kind(spec) if rollout else None
 
     est = Estimate(mode=pl.mode)
-    if pl.mode == "hybrid":
+    if lay.one_pool:
         # Every GPU holds every role; one phase runs at a time. The actor's and the critic's
         # updates run at the same time, and each process keeps its cached blocks until the
         # phase ends (the reference's forward pass too), so all of them add up.
@@ -384,6 +390,13 @@ def estimate(spec: RunSpec) -> Estimate:
                                      **runtime}
         if rollout:
             est.figures["rollout"] = {**(engine.gpu_memory(spec, p_policy) if cuda else {}), **runtime}
+        for pool in lay.pools:  # roles that share devices: one figure, their parts added up
+            if len(pool) > 1:
+                shared: dict[str, float] = {}
+                for r in pool:
+                    for k, v in est.figures.pop(r, {}).items():
+                        shared[k] = v if k == "runtime" else shared.get(k, 0.0) + v
+                est.figures[" + ".join(pool)] = shared
     if cuda:
         est.figures = {name: with_slack(parts, no_slack(spec)) for name, parts in est.figures.items()}
         if hw.host_memory_gb > 0:
@@ -440,7 +453,7 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
     p_lora = lora_param_count(m)
     trained = {"actor": p_lora or p_policy, "critic": p_value}
     full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value}
-    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
+    shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
     best: dict[str, float] = {}
     for node in range(nodes):
         runtime = HOST_DRIVER_GB if node == 0 else 0.0
@@ -459,8 +472,7 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
                 if train.offload_optimizer:
                     offloaded += HOST_OFFLOAD_BYTES * p / n * ranks
                 # hybrid's schedule moves them out around generation only (no rollout: never)
-                if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1 and \
-                        "rollout" in spec.roles:
+                if lay.rollout_beside_training and pl.offload_train_state is True and train.zero_stage >= 1:
                     # a LoRA policy's frozen base weights are not the optimizer's: they stay on the GPU
                     parts = trained_model_gb(p, n, train.zero_stage, train.offload_optimizer, m.dtype)
                     states += (sum(parts.values()) + b * ZERO_REDUCE_BUCKET / GB) * ranks * GB
@@ -495,21 +507,22 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
     trained = 2 * b + (0 if off else (12 if b == 2 else 8)) + step  # bytes per parameter
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     hybrid = name == "training phase"
+    pool = name.split(" + ")  # the roles of a figure (one, or a pool's)
     parts = est.figures[name]
     # DPO's training phase holds its reference or its update's working set (estimate): the side it kept
     one_side = hybrid and spec.algo.kind == "dpo" and "reference" in spec.roles
     actor_trained = trained - step if one_side and "actor optimizer step" not in parts else trained
     sharded = 0.0
-    if hybrid or name == "actor":
+    if hybrid or "actor" in pool:
         p_lora = lora_param_count(m)  # LoRA: frozen weights plus trained adapters
         sharded += b * p_policy + actor_trained * p_lora if p_lora else actor_trained * p_policy
-    if (hybrid and "critic" in spec.roles) or name == "critic":
+    if (hybrid and "critic" in spec.roles) or "critic" in pool:
         sharded += trained * p_value
     shared_reference = lora_param_count(m) > 0 and spec.algo.kind == "rl"
     reference_kept = not one_side or "reference weights" in parts
-    if (hybrid and "reference" in spec.roles and not shared_reference and reference_kept) or name == "reference":
+    if (hybrid and "reference" in spec.roles and not shared_reference and reference_kept) or "reference" in pool:
         sharded += b * p_policy
-    if (hybrid and "reward" in spec.roles) or name == "reward":
+    if (hybrid and "reward" in spec.roles) or "reward" in pool:
         sharded += b * p_value
     # the unsharded parts are the current stage's (at ZeRO-2 the whole head's log-prob pass and
     # ZeRO-2's buffers, where ZeRO-3 would have its own): "about", as the docstring says

@@ -17,7 +17,7 @@ from rlhf.spec.advice import merge_overrides, setting_that_fits, suggestions
 from rlhf.spec import disk, memory
 from rlhf.spec.memory import (
     HOST,
-    TRAINING_FIGURES,
+    training_figure,
     Estimate,
     estimate,
     fits,
@@ -53,7 +53,7 @@ def _advice(spec: RunSpec, est: Estimate, name: str) -> str:
         tips.append(f"{' '.join(s.overrides)} ({'fits, ' if s.fits else ''}{s.total:.0f} GB)")
     if tips:
         return "Try " + "; ".join(tips) + "."
-    if name in TRAINING_FIGURES and not min_gpus(spec, est, name):
+    if training_figure(name) and not min_gpus(spec, est, name):
         return "Use a smaller model or sequence length: activations and runtime alone do not fit."
     if name == HOST:
         if max(est.host, key=est.host.get) == "model loading":
@@ -103,7 +103,7 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             f"! {idle} of {lay.total_devices} devices hold no role (idle): raise the per-role counts "
             "(placement.actor, placement.rollout.engines, ...) or use placement=hybrid."
         )
-    if lay.mode == "hybrid" and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
+    if lay.one_pool and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
         spare = lay.total_devices - len(lay.engines) * lay.rollout_tp
         out.append(
             f"! {spare} devices run no rollout engine (placement.rollout.engines={len(lay.engines)} × "
@@ -266,14 +266,14 @@ def render_plan(spec: RunSpec) -> str:
     lines.extend(_decisions(spec))
 
     lines.append(f"placement ({lay.mode}, {lay.total_devices} device{'s' if lay.total_devices > 1 else ''}):")
-    if lay.mode == "hybrid":
+    if lay.one_pool:
         trained = [r for r in spec.roles if r != "rollout"]
         shards = f" (ZeRO-{spec.train.zero_stage} shards)" if spec.train.zero_stage == 3 else ""
         lines.append(f"  device {ranges(tuple(range(lay.total_devices)))}: {', '.join(trained)}{shards}")
     else:
-        for role in spec.roles:
-            if role != "rollout":
-                lines.append(f"  device {ranges(lay.roles[role])}: {role}")
+        for pool in lay.pools:
+            if "rollout" not in pool:
+                lines.append(f"  device {ranges(lay.roles[pool[0]])}: {', '.join(pool)}")
     shown: list[Any] = list(enumerate(lay.engines))
     if len(shown) > 4:
         shown = shown[:2] + [None] + shown[-1:]

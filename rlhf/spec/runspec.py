@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlhf.spec import schema as S
-from rlhf.spec.layout import Layout
+from rlhf.placement.layout import Layout
 
 ROLES = ("actor", "critic", "reference", "reward", "rollout")
 

@@ -297,7 +297,10 @@ class PlacementSpec(Frozen):
     """hybrid: every role spans the same devices; disaggregated: each role gets its own."""
 
     mode: str = doc(MISSING, "hybrid (training and generation share every device, switching each step) | "
-                    "disaggregated (each role on its own devices, no switching, fewer devices each).")
+                    "disaggregated (each role on its own devices, no switching, fewer devices each) | a "
+                    "placement registered by placement.plugins (rlhf.placement.registry).")
+    plugins: list[str] = docf(list, "Modules imported in the driver before the placement is looked up; their "
+                              "@register_placement classes add placements (which roles share devices).")
     actor: int = doc(0, "disaggregated: devices of the policy's trainer (0 = not placed).")
     critic: int = doc(0, "disaggregated: devices of the critic (0 = not used).")
     reference: int = doc(0, "disaggregated: devices of the reference model (0 = not used).")

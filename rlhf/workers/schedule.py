@@ -35,7 +35,7 @@ class Schedule:
 
     def __init__(self, spec: RunSpec, cluster: Any, weights: Any) -> None:
         # memory moves on GPU when the engine sleeps and shares its devices with the trained roles
-        hybrid = spec.device == "cuda" and engines.kind(spec).sleeps and spec.layout.mode == "hybrid"
+        hybrid = spec.device == "cuda" and engines.kind(spec).sleeps and spec.layout.rollout_beside_training
         self.weights = weights
         self.rollout = cluster.rollout
         # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)

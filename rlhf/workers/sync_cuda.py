@@ -312,13 +312,12 @@ def ipc_buffers(nbytes: int, dev: torch.device, n: int) -> list[torch.Tensor]:
         return [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(n)]
 
 
-def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
-    """The sender for a placement mode: ``hybrid`` -> CUDA IPC, ``disaggregated`` -> NCCL."""
-    if mode == "hybrid":
+def make_sender(same_devices: bool, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
+    """The sender to engines on the trainer's own GPUs (``same_devices``: CUDA IPC) or on others
+    (NCCL)."""
+    if same_devices:
         return CudaIPCSender(engines)
-    if mode == "disaggregated":
-        return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
-    raise ValueError(f"placement mode {mode!r}: expected hybrid or disaggregated")
+    return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
 
 
 def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSender | NcclSender:
@@ -326,7 +325,7 @@ def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSende
     one (ZeRO-3 gathers are collective); only rank 0 gets the engines' handles and talks to them."""
     lead = rank == 0
     tps = [len(e) for e in spec.layout.engines] or [1] * len(engines)
-    return make_sender(spec.layout.mode, engines if lead else [], tps if lead else [])
+    return make_sender(spec.layout.shares("rollout", "actor"), engines if lead else [], tps if lead else [])
 
 
 def _call(handle: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
