@@ -16,7 +16,7 @@ GPUs), the phase and step it failed in, the cause, and the last checkpoint.
 The worker is found by its Ray actor id: a ``RayActorError`` carries the dead actor's, and a
 ``RayTaskError`` (an error raised inside a worker) names the actor that raised it in its first line.
 The RL loop's ``Phases`` marks an exception with the phase and step it escaped from (``mark``).
-CUDA out of memory is not here: it is a setting to change, ``rlhf.spec.failures``.
+CUDA out of memory is not here: it is a setting to change, ``rlhf.plan.oom``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import time
 from typing import Any, Optional
 
 from rlhf.rollout import registry as engines
-from rlhf.spec.failures import causes
+from rlhf.plan.oom import causes
 from rlhf.spec.nodes import held_devices, node_of, rank_devices
-from rlhf.spec.plan import ranges
+from rlhf.plan.render import ranges
 from rlhf.spec.runspec import RunSpec
 
 # torch's NCCL watchdog, its blocking wait (TORCH_NCCL_BLOCKING_WAIT=1), gloo; a work's "Timeout(ms)=" alone

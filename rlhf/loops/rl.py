@@ -56,7 +56,7 @@ class Phases:
         try:
             yield
         except Exception as e:
-            from rlhf.spec.failures import is_cuda_oom, oom_message
+            from rlhf.plan.oom import is_cuda_oom, oom_message
 
             if self.spec is not None and is_cuda_oom(e):
                 from rlhf.spec.errors import UserError

@@ -56,7 +56,7 @@ class Layout(S.Frozen):
         return ONE_POOL_GROUP if self.one_pool else "+".join(pool)
 
     def figure(self, role: str, generating: bool = False) -> str:
-        """The name of the memory figure that holds ``role`` (``rlhf.spec.memory.estimate``): a
+        """The name of the memory figure that holds ``role`` (``rlhf.plan.memory.estimate``): a
         phase of the one pool, else its pool's roles (``actor``, ``actor + reference``)."""
         if self.one_pool:
             return "generation phase" if generating else "training phase"

@@ -78,7 +78,7 @@ class EngineKind:
 
     def host_gb(self, spec: RunSpec, gpus_on_node: int, process_gb: float) -> float:
         """Host memory (GB) of one engine whose TP group has ``gpus_on_node`` GPUs on a node;
-        ``process_gb``: what the plan counts for a GPU worker process (rlhf.spec.memory)."""
+        ``process_gb``: what the plan counts for a GPU worker process (rlhf.plan.memory)."""
         return process_gb * gpus_on_node
 
     def memory_parts(self) -> tuple[str, ...]:

@@ -61,7 +61,7 @@ class VLLMKind(EngineKind):
     def min_tensor_parallel(self, spec: RunSpec) -> int:
         """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
         share for the KV cache; 0 if none does."""
-        from rlhf.spec.memory import param_count
+        from rlhf.plan.memory import param_count
         from rlhf.placement.layout import tp_splits_heads
 
         m, hw = spec.model, spec.hardware

@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlhf.rollout import registry as engines
 from rlhf.spec import schema as S
-from rlhf.spec.auto import resolve
+from rlhf.plan.auto import resolve
 from rlhf.spec.errors import SpecError
 from rlhf.placement.layout import plan_layout
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)

@@ -119,7 +119,7 @@ class _Model(Worker):
                 m.p = 0.0
         if self.spec.model.liger_kernels:
             from rlhf.models.load import apply_liger
-            from rlhf.spec.auto import chosen
+            from rlhf.plan.auto import chosen
 
             apply_liger(model, required=not chosen(self.spec, "model.liger_kernels"))
         from rlhf.models.varlen import use_varlen

@@ -29,8 +29,8 @@ def test_layout_and_launcher_slots():
 
 
 def test_gpu_plan_has_a_figure_for_the_shared_devices():
-    from rlhf.spec.memory import estimate
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.memory import estimate
+    from rlhf.plan.render import render_plan
 
     spec = planned_spec(PLUGIN + ["model=qwen2.5-0.5b", "hardware=8xh100"])
     est = estimate(spec)
@@ -46,7 +46,7 @@ def test_gpu_plan_has_a_figure_for_the_shared_devices():
 
 
 def _range(devs):
-    from rlhf.spec.plan import ranges
+    from rlhf.plan.render import ranges
 
     return ranges(devs)
 

@@ -37,7 +37,7 @@ def test_plugin_engine_runs_the_rl_loop(rl_env, tmp_path, placement):
 
 def test_spec_and_plan_know_the_plugin_engine(tmp_path):
     from rlhf.spec.errors import SpecError
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.render import render_plan
 
     spec = planned_spec(PLUGIN)
     assert spec.rollout_engine == "logged_hf" and spec.rollout.seeded is True  # its kind's default (HF's)

@@ -1,4 +1,4 @@
-"""Plan memory figures, recomputed here from the formulas in docs/memory.md (not from rlhf.spec.memory)."""
+"""Plan memory figures, recomputed here from the formulas in docs/memory.md (not from rlhf.plan.memory)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from rlhf import cli
 from rlhf.paths import conf_dir
 from rlhf.rollout import vllm_kind
-from rlhf.spec import memory
+from rlhf.plan import memory
 from rlhf.spec.schema import LoraSpec, ModelSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
@@ -266,9 +266,9 @@ def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
 
 
 def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
-    """The fit margin is read in one place (rlhf.spec.memory.capacity): at half of a GPU usable the
+    """The fit margin is read in one place (rlhf.plan.memory.capacity): at half of a GPU usable the
     auto choices, the plan's warnings and its verdict all measure against 40 of 80 GB."""
-    for module in ("rlhf.spec.auto", "rlhf.spec.plan", "rlhf.spec.advice"):
+    for module in ("rlhf.plan.auto", "rlhf.plan.render", "rlhf.plan.advice"):
         importlib.import_module(module)  # loaded before the margin changes, as any earlier plan would
     monkeypatch.setattr(memory, "FIT_MARGIN", 0.5)
     out = plan(capsys, *LLAMA8, "placement=hybrid")

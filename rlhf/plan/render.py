@@ -4,7 +4,7 @@
 
 It shows what differs from the defaults, the batch math, which device holds which role, the
 memory per GPU by phase (hybrid) or role (disaggregated) with the parts that make it up, the disk
-the checkpoints and the final export take under output_dir (``rlhf.spec.disk``), and warnings: a
+the checkpoints and the final export take under output_dir (``rlhf.plan.disk``), and warnings: a
 figure that will not fit (with what to change), vLLM weights that leave no KV cache, idle devices.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.spec.advice import merge_overrides, setting_that_fits, suggestions
-from rlhf.spec import disk, memory
-from rlhf.spec.memory import (
+from rlhf.plan.advice import merge_overrides, setting_that_fits, suggestions
+from rlhf.plan import disk, memory
+from rlhf.plan.memory import (
     HOST,
     training_figure,
     Estimate,
@@ -47,7 +47,7 @@ def _parts(parts: dict[str, float]) -> str:
 
 def _advice(spec: RunSpec, est: Estimate, name: str) -> str:
     """What to change when the figure ``name`` does not fit: settings checked by building them
-    (rlhf.spec.advice), each with the figure it gives."""
+    (rlhf.plan.advice), each with the figure it gives."""
     tips = []
     for s in suggestions(spec, est, name):
         tips.append(f"{' '.join(s.overrides)} ({'fits, ' if s.fits else ''}{s.total:.0f} GB)")
@@ -188,7 +188,7 @@ def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int],
 
 
 def _decisions(spec: RunSpec) -> list[str]:
-    """One line per value the build chose (rlhf.spec.auto), with its reason."""
+    """One line per value the build chose (rlhf.plan.auto), with its reason."""
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
         "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",

@@ -28,7 +28,7 @@ import importlib.util
 from typing import Optional
 
 from rlhf.rollout import registry as engines
-from rlhf.spec.memory import HOST, Estimate, capacity, estimate, training_figure
+from rlhf.plan.memory import HOST, Estimate, capacity, estimate, training_figure
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
 from rlhf.spec.tokens import micro_batch_tokens

@@ -33,9 +33,9 @@ def is_cuda_oom(e: BaseException) -> bool:
 
 def oom_message(spec: RunSpec, phase: str) -> str:
     """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``: the settings are the
-    plan's own checked suggestions (rlhf.spec.advice) that lower that phase's figure."""
-    from rlhf.spec.advice import suggestions
-    from rlhf.spec.memory import estimate
+    plan's own checked suggestions (rlhf.plan.advice) that lower that phase's figure."""
+    from rlhf.plan.advice import suggestions
+    from rlhf.plan.memory import estimate
 
     est = estimate(spec)
     generation = phase == "generate"

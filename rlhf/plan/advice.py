@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 from rlhf.rollout import registry as engines
-from rlhf.spec.memory import (
+from rlhf.plan.memory import (
     DTYPE_BYTES,
     GB,
     HOST,
