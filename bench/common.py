@@ -290,7 +290,7 @@ class TrainerStub:
     def setup_sync(self, mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> float:
         from rlhf.workers.sync_cuda import make_sender
 
-        self.sender = make_sender(mode, engines, engine_tp)
+        self.sender = make_sender(mode == "hybrid", engines, engine_tp)  # hybrid: the engines share our GPUs
         t = self.sender.setup()
         return float(t or 0.0)
 

@@ -17,7 +17,7 @@ Prints seconds per update, model TFLOP/s (``rlhf.models.flops``) and MFU of ``--
 ratios to ``base`` taken in this one run, and a CUDA-time profile of ``base`` by kernel kind.
 
 ``--head-memory 4096,16384,...`` measures what the plan calls the log-prob pass
-(``rlhf.spec.memory.logprob_pass_gb``): the GPU memory that ``logprobs_from_hidden`` forward +
+(``rlhf.plan.memory.logprob_pass_gb``): the GPU memory that ``logprobs_from_hidden`` forward +
 backward adds above its inputs, for that many predicted tokens, eager and compiled, next to the
 plan's figure: whether it is bounded by one chunk or grows with tokens × vocabulary.
 """
@@ -155,7 +155,7 @@ def head_memory(a) -> int:
     """The log-prob pass's working set (see the module doc), one figure per token count and mode."""
     from bench.common import make_random_model
     from rlhf.algos import logprobs_from_hidden
-    from rlhf.spec.memory import CUDA_LOGITS_CHUNK, GB, logprob_pass_gb
+    from rlhf.plan.memory import CUDA_LOGITS_CHUNK, GB, logprob_pass_gb
     from rlhf.spec.schema import ModelSpec
 
     path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)

@@ -307,9 +307,9 @@ def check_fits(spec: RunSpec) -> None:
     """A GPU run whose plan says it does not fit stops here, before anything starts: the plan is
     a promise both ways (what it calls fitting must run, and what it rejects never starts). Off
     CUDA every run fits (``memory.over_limit``)."""
-    from rlhf.spec.memory import estimate
-    from rlhf.spec.memory import fits
-    from rlhf.spec.plan import warnings
+    from rlhf.plan.memory import estimate
+    from rlhf.plan.memory import fits
+    from rlhf.plan.render import warnings
 
     est = estimate(spec)
     if fits(spec, est):
@@ -320,10 +320,10 @@ def check_fits(spec: RunSpec) -> None:
 
 def check_disk(spec: RunSpec) -> None:
     """A run whose checkpoints and final export need more than the disk under its output_dir has
-    free (``rlhf.spec.disk``; the plan prints the same line) stops here, before anything starts:
+    free (``rlhf.plan.disk``; the plan prints the same line) stops here, before anything starts:
     on CPU too, where the tiny runs need kilobytes."""
-    from rlhf.spec import disk
-    from rlhf.spec.plan import disk_warning
+    from rlhf.plan import disk
+    from rlhf.plan.render import disk_warning
 
     line = disk_warning(spec, disk.need(spec), disk.available_bytes(spec))
     if line is not None:

@@ -133,7 +133,7 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
     The sweep (rlhf/sweep.py) calls this for every job too.
     """
     if spec.mode == "plan":
-        from rlhf.spec.plan import render_plan
+        from rlhf.plan.render import render_plan
 
         print(render_plan(spec), flush=True)
         return 0
@@ -142,8 +142,8 @@ def execute(spec: RunSpec, checked: bool = False) -> int:
         if code:
             return code
     if spec.hardware.accelerator == "cuda":
-        from rlhf.spec.memory import estimate
-        from rlhf.spec.plan import warnings
+        from rlhf.plan.memory import estimate
+        from rlhf.plan.render import warnings
 
         for w in warnings(spec, estimate(spec)):  # the ones that do not stop the run (idle GPUs, ...)
             print(f"warning: {w}", file=sys.stderr)
@@ -303,7 +303,7 @@ def _main_thread() -> bool:
 def _user_error_inside(e: BaseException) -> Optional[str]:
     """The message of the UserError in ``e``'s chain, else None. One raised inside a Ray worker
     arrives wrapped in a RayTaskError (its ``cause``), whose own text is the worker's traceback."""
-    from rlhf.spec.failures import causes
+    from rlhf.plan.oom import causes
 
     for c in causes(e):
         if isinstance(c, UserError) and not isinstance(getattr(c, "cause", None), BaseException):

@@ -5,7 +5,7 @@ cluster; each job reserves its own placement groups, as a single run does.
 A job takes ``layout.total_devices`` devices: GPUs, or on CPU worker slots (Ray CPUs; ``ray.num_cpus``
 sets how many the sweep's cluster has). Jobs start in sweep order: the next one waits until the
 running ones leave it room, in devices and on disk: a job starts only when its checkpoints and
-export (``rlhf.spec.disk``) fit beside what the running jobs on the same filesystem have still to
+export (``rlhf.plan.disk``) fit beside what the running jobs on the same filesystem have still to
 write, so that each job's own start-of-run check, which sees only the free space of that moment, holds
 for all of them together. A job larger than the whole cluster is recorded as failed without
 running. Each job is built, and its hooks (MLflow child run) called, in the launcher's thread, as
@@ -90,7 +90,7 @@ def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: S
 
 @dataclass(frozen=True)
 class DiskClaim:
-    """What a job writes under its run dir at its peak (``rlhf.spec.disk.need``), and where."""
+    """What a job writes under its run dir at its peak (``rlhf.plan.disk.need``), and where."""
 
     spec: RunSpec
     device: Optional[int]  # the filesystem (st_dev of the run dir's nearest existing parent)
@@ -101,8 +101,8 @@ class DiskClaim:
         """The job's claim; none (0 bytes) where its need cannot be worked out: its own start-of-run
         check then says why, as a job's failure, not the sweep's."""
         from rlhf import storage
-        from rlhf.spec import disk
-        from rlhf.spec.memory import GB
+        from rlhf.plan import disk
+        from rlhf.plan.memory import GB
 
         try:
             need = int(disk.need(spec).total * GB) if spec.mode == "run" else 0
@@ -119,9 +119,9 @@ class DiskClaim:
 
     def fits_beside(self, others: Sequence["DiskClaim"]) -> bool:
         """The need fits in DISK_FIT_MARGIN of the room the job's own start-of-run check counts
-        (``rlhf.spec.disk.available_bytes``) once the running jobs on the same filesystem have
+        (``rlhf.plan.disk.available_bytes``) once the running jobs on the same filesystem have
         written what they still will (unknown room: it fits, as that check says)."""
-        from rlhf.spec.disk import DISK_FIT_MARGIN, available_bytes
+        from rlhf.plan.disk import DISK_FIT_MARGIN, available_bytes
 
         if self.need == 0 or self.device is None:
             return True

@@ -40,16 +40,16 @@ def rl_env(rlhf_cache):
 
 @pytest.fixture(autouse=True)
 def plenty_of_disk(request, monkeypatch):
-    """Plans and the start-of-run check see 1 PB available under output_dir (``rlhf.spec.disk``):
+    """Plans and the start-of-run check see 1 PB available under output_dir (``rlhf.plan.disk``):
     the plan verdicts the tests check (a 70B plan that fits 8 GPUs) must not depend on this
     machine's free disk. The disk check's own tests ask for ``real_disk``, which turns this off."""
     if "real_disk" in request.fixturenames:
         return
-    from rlhf.spec import disk
+    from rlhf.plan import disk
 
     monkeypatch.setattr(disk, "available_bytes", lambda spec: 10**15)
 
 
 @pytest.fixture
 def real_disk():
-    """The disk check sees the real ``rlhf.spec.disk.available_bytes`` (see ``plenty_of_disk``)."""
+    """The disk check sees the real ``rlhf.plan.disk.available_bytes`` (see ``plenty_of_disk``)."""

@@ -9,6 +9,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (file, function, a name its body uses to make the next call), in stack order
@@ -55,3 +57,24 @@ def test_the_doc_lists_the_files_in_stack_order():
     on_stack = list(dict.fromkeys(path for path, _, _ in HOPS))
     assert listed == on_stack
     assert len(listed) <= 8
+
+
+def _measured_section() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    return text.split("## The executed path of one GRPO step, measured", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_doc_counts_its_measured_list():
+    section = _measured_section()
+    listed = re.findall(r"^- `(rlhf/[^`]+)`", section, flags=re.M)
+    assert f"{len(listed)} files" in section and len(set(listed)) == len(listed)
+    assert all((ROOT / f).is_file() for f in listed)
+
+
+@pytest.mark.slow
+def test_the_measured_path_is_the_documented_one(rlhf_cache, tmp_path):
+    """Runs three steps traced (bench/step_path.py, about two minutes on two cores)."""
+    from bench.step_path import measure
+
+    listed = set(re.findall(r"^- `(rlhf/[^`]+)`", _measured_section(), flags=re.M))
+    assert set(measure([], tmp_path)) == listed

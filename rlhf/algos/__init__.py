@@ -26,7 +26,7 @@ _EXPORTS = {
         "rloo_advantages",
     ),
     "filters": ("dynamic_sampling_filter",),
-    "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty"),
+    "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty", "logprob_mismatch", "mismatch_sums"),
     "logprobs": ("logprobs_from_hidden",),
     "losses": (
         "PolicyLossInputs",

@@ -1,4 +1,5 @@
-"""KL penalty estimators and KL coefficient controllers."""
+"""KL penalty estimators, KL coefficient controllers, and how far the rollout engine's sampled-token
+log-probs are from the trainer's (``logprob_mismatch``: any engine, measured in the trainer)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from rlhf.algos.registry import KL_ESTIMATORS, register_kl_estimator
 
-__all__ = ["kl_penalty", "FixedKLController", "AdaptiveKLController"]
+__all__ = ["kl_penalty", "FixedKLController", "AdaptiveKLController", "mismatch_sums", "logprob_mismatch"]
 
 
 @register_kl_estimator("k1")
@@ -115,3 +116,28 @@ class AdaptiveKLController:
         self.value = float(state["value"])
         self.target = float(state.get("target", self.target))
         self.horizon = float(state.get("horizon", self.horizon))
+
+
+# ----------------------------------------------------------------------------- rollout vs trainer
+
+
+def mismatch_sums(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The sums behind ``logprob_mismatch`` over the policy tokens, as float64 tensors on the inputs'
+    device (added up over micro-batches without reading them back): ``n`` tokens, ``abs`` = Σ|d|,
+    ``k3`` = Σ(exp(d) - 1 - d), ``max`` = max|d|, with d = trainer − rollout log-prob."""
+    keep = mask != 0
+    d = (trainer_logp.double() - rollout_logp.double()) * keep
+    return {"n": keep.sum().double(), "abs": d.abs().sum(), "k3": ((torch.exp(d.clamp(-20, 20)) - 1 - d) * keep).sum(),
+            "max": d.abs().max() if d.numel() else d.new_zeros(())}
+
+
+def logprob_mismatch(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
+    """How far the rollout engine's sampled-token logprobs are from the trainer's recomputation
+    over policy tokens: mean and max absolute difference, and the k3 estimate of KL(rollout||trainer)
+    (Schulman 2020, "Approximating KL divergence"; the tokens were sampled by the rollout engine)."""
+    s = mismatch_sums(rollout_logp, trainer_logp, mask)
+    n = float(s["n"])
+    if n == 0:
+        return {"mismatch/logp_abs_mean": 0.0, "mismatch/logp_abs_max": 0.0, "mismatch/kl_k3": 0.0}
+    return {"mismatch/logp_abs_mean": float(s["abs"]) / n, "mismatch/logp_abs_max": float(s["max"]),
+            "mismatch/kl_k3": float(s["k3"]) / n}

@@ -437,10 +437,6 @@ def check_messages(msgs: Any, *, where: str) -> None:
             raise UserError(f"{where}, message {j}: content should be a string, got {type(m['content']).__name__}.")
 
 
-def has_key(rec: Records, key: str) -> bool:
-    return bool(rec.rows) and key in rec.rows[0]
-
-
 def _short(v: Any, n: int = 60) -> str:
     s = repr(v)
     return s if len(s) <= n else s[: n - 3] + "..."

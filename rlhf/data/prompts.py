@@ -8,26 +8,13 @@ column travels with the samples to the reward functions as metadata.
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlhf.spec.errors import UserError
 from rlhf.spec.schema import DataSpec
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-def resolve_file(name: str) -> str:
-    if name.startswith("builtin:"):
-        from rlhf.data.builtin import data_file
-
-        return str(data_file(name.split(":", 1)[1]))
-    path = Path(name).expanduser()
-    if not path.is_file():
-        raise UserError(f"data file {name!r} does not exist (relative paths start at {os.getcwd()}).")
-    return str(path)
 
 
 def read_rows(name: str, prompt_key: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> list[dict]:

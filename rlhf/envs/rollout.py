@@ -67,7 +67,7 @@ def env_rollout(spec: RunSpec, step: int, rows: list[dict], prompt_ids: list[lis
             break
         base = sampling_for(spec, step, 0, 1)
         # seeded rollouts (HF, or rollout.seeded=true) get a seed per request and turn; vLLM's
-        # default is unseeded requests (rlhf.spec.auto), and then none here either
+        # default is unseeded requests (rlhf.plan.auto), and then none here either
         seeds = tuple(base.seeds[0] * 31 + (turn + 1) * 1_000_033 + i for i in active) if base.seeds else ()
         sampling = dataclasses.replace(base, n=1, seeds=seeds)
         outs = generate(cluster.rollout.workers, [prompt_ids[first_turn[i].prompt_index] + ids[i] for i in active],

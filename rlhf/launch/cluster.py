@@ -32,6 +32,8 @@ import ray
 from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 
 from rlhf.launch.group import ActorGroup, Host, RoleHandle, can_colocate, spawn_actor, worker_env
+from rlhf.placement.layout import ONE_POOL_GROUP
+from rlhf.rollout import registry as engines
 from rlhf.spec.errors import UserError
 from rlhf.spec.nodes import held_devices, node_of
 from rlhf.spec.runspec import RunSpec
@@ -194,14 +196,14 @@ def _reserve(spec: RunSpec, cluster: Cluster, devices) -> Any:
     return pg
 
 
-HYBRID_GROUP = "devices"  # hybrid placement's one placement group
+HYBRID_GROUP = ONE_POOL_GROUP  # the placement group of a placement with one pool (hybrid)
 
 
 @dataclass(frozen=True)
 class Slot:
     """Where one rank runs: its process on the first of ``bundles`` of placement group ``group``,
     taking ``resources`` there. ``engine``: the settings the launcher gives the rank's rollout
-    engine (``rlhf.rollout.vllm.EngineConfig`` fields), empty where the spec decides them all."""
+    engine (``EngineKind.launch_settings``), empty where the spec decides them all."""
 
     group: str
     bundles: tuple[int, ...]
@@ -210,18 +212,20 @@ class Slot:
 
 
 def group_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
-    """The placement groups of ``spec.layout``: name -> its devices, bundle i holding the i-th.
-    Hybrid: one group over every device; disaggregated: a group per role over its own devices
-    (rollout: the engines' TP groups one after another)."""
-    if spec.layout.mode == "hybrid":
-        return {HYBRID_GROUP: tuple(range(spec.layout.total_devices))}
-    return {r: tuple(d for devs in ranks for d in devs) for r, ranks in held_devices(spec).items()}
+    """The placement groups of ``spec.layout``: one per pool of roles that share devices (hybrid:
+    one over every device; disaggregated: one per role), name -> its devices, bundle i holding
+    the i-th (rollout: the engines' TP groups one after another)."""
+    lay = spec.layout
+    if lay.one_pool:
+        return {HYBRID_GROUP: tuple(range(lay.total_devices))}
+    held = held_devices(spec)
+    return {lay.group_name(pool): tuple(d for devs in held[pool[0]] for d in devs) for pool in lay.pools}
 
 
 def placement(spec: RunSpec) -> dict[str, list[Slot]]:
     """role -> the ``Slot`` of each rank (rollout: of each engine), from the spec alone (no Ray).
 
-    Hybrid: every role takes an equal share of each device. A vLLM engine of TP > 1 runs vLLM's
+    The roles of a pool take an equal share of each device (hybrid: every role). A vLLM engine of TP > 1 runs vLLM's
     Ray executor, which starts one worker per TP rank on the bundles given as ``bundle_indices``
     (``VLLM_RAY_BUNDLE_INDICES``) in the placement group of the engine's process (vLLM reads the
     current one), each worker taking ``gpu_share`` of its GPU; the engine's process holds no GPU.
@@ -229,20 +233,19 @@ def placement(spec: RunSpec) -> dict[str, list[Slot]]:
     """
     held = held_devices(spec)
     groups = group_devices(spec)
-    hybrid = spec.layout.mode == "hybrid"
     sharing = Counter(d for ranks in held.values() for devs in ranks for d in devs)  # ranks per device
-    ray_executor = spec.rollout_engine == "vllm" and spec.layout.rollout_tp > 1
+    kind = engines.kind(spec) if "rollout" in held else None
     out: dict[str, list[Slot]] = {}
     for role, ranks in held.items():
-        name = HYBRID_GROUP if hybrid else role
-        share = 1.0 / max(sharing[d] for devs in ranks for d in devs) if hybrid else 1.0
+        name = spec.layout.group_name(spec.layout.pool_of(role))
+        share = 1.0 / max(sharing[d] for devs in ranks for d in devs)
         res = {"CPU": share} if spec.device == "cpu" else {"GPU": share, "CPU": share}
         out[role] = []
         for devs in ranks:
             bundles = tuple(groups[name].index(d) for d in devs)
-            if role == "rollout" and ray_executor:
-                out[role].append(Slot(name, bundles, {"GPU": 0.0, "CPU": share},
-                                      {"bundle_indices": bundles, "gpu_share": share}))
+            settings = kind.launch_settings(spec, bundles, share) if role == "rollout" else None
+            if settings is not None:  # the engine's own processes take the devices: its worker holds none
+                out[role].append(Slot(name, bundles, {"GPU": 0.0, "CPU": share}, settings))
             else:
                 out[role].append(Slot(name, bundles, res))
     return out

@@ -3,8 +3,9 @@ GPUs), the phase and step it failed in, the cause, and the last checkpoint.
 
 * a worker process that died (killed, out of host memory, crashed: Ray's ``RayActorError``), or the
   whole node it ran on;
-* a rollout engine whose vLLM engine core died while the worker process lives: vLLM raises
-  ``EngineDeadError`` inside the worker (matched by name: nothing here imports vLLM);
+* a rollout engine that died while the worker process lives: its kind names the errors that say
+  so (``EngineKind.dead_errors``; vLLM raises ``EngineDeadError`` when its engine core is gone),
+  matched by name: nothing here imports an engine;
 * a collective that timed out: torch's NCCL watchdog or blocking wait (``DistBackendError``: a
   ``RuntimeError`` saying ``Watchdog caught collective operation timeout``), or gloo's ``Timed out
   waiting <N>ms``. By default torch's watchdog ends the worker process itself, so the end of a dead
@@ -15,7 +16,7 @@ GPUs), the phase and step it failed in, the cause, and the last checkpoint.
 The worker is found by its Ray actor id: a ``RayActorError`` carries the dead actor's, and a
 ``RayTaskError`` (an error raised inside a worker) names the actor that raised it in its first line.
 The RL loop's ``Phases`` marks an exception with the phase and step it escaped from (``mark``).
-CUDA out of memory is not here: it is a setting to change, ``rlhf.spec.failures``.
+CUDA out of memory is not here: it is a setting to change, ``rlhf.plan.oom``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import re
 import time
 from typing import Any, Optional
 
-from rlhf.spec.failures import causes
+from rlhf.rollout import registry as engines
+from rlhf.plan.oom import causes
 from rlhf.spec.nodes import held_devices, node_of, rank_devices
-from rlhf.spec.plan import ranges
+from rlhf.plan.render import ranges
 from rlhf.spec.runspec import RunSpec
 
-ENGINE_DEAD = ("EngineDeadError", "AsyncEngineDeadError")  # vLLM: the engine core process is gone
 # torch's NCCL watchdog, its blocking wait (TORCH_NCCL_BLOCKING_WAIT=1), gloo; a work's "Timeout(ms)=" alone
 # is not one: NCCL's other errors print it too
 _TIMED_OUT = re.compile(r"Watchdog caught collective operation timeout|timed out in blocking wait|"
@@ -55,7 +56,9 @@ def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
     except ImportError:  # pragma: no cover
         return None
     timeout = collective_timeout(e)
-    engine = engine_dead(e)
+    spec = getattr(cluster, "spec", None)
+    kind = engines.kind(spec) if spec is not None and "rollout" in spec.roles else None
+    engine = engine_dead(e, kind.dead_errors if kind is not None else ())
     died = isinstance(e, RayActorError)
     if timeout is None and engine is None and not died:
         return None
@@ -71,7 +74,7 @@ def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
     if timeout is not None:
         return _timeout_line(cluster, roles, rank, timeout, where, died) + f" Cluster shut down.{ckpt}"
     if engine is not None:
-        cause = f"vLLM's engine core stopped ({engine}; the engine's log above has the cause)"
+        cause = kind.death(engine)
     else:
         cause = _cause_line(e)
         k = _worker_node(cluster, roles[0], rank) if roles else None
@@ -82,9 +85,9 @@ def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
     return f"{_subject(cluster, roles, rank)} died {during}: {cause}. Cluster shut down.{ckpt}"
 
 
-def engine_dead(e: BaseException) -> Optional[str]:
-    """The class name of vLLM's engine-dead error in ``e``'s causes, or None."""
-    return next((type(c).__name__ for c in causes(e) if type(c).__name__ in ENGINE_DEAD), None)
+def engine_dead(e: BaseException, names: tuple[str, ...]) -> Optional[str]:
+    """The class name of an engine-dead error (one of ``names``) in ``e``'s causes, or None."""
+    return next((type(c).__name__ for c in causes(e) if type(c).__name__ in names), None)
 
 
 def collective_timeout(e: BaseException) -> Optional[tuple[Optional[float], Optional[str], str]]:
@@ -199,7 +202,7 @@ def _timeout_line(cluster: Any, roles: list[str], rank: Optional[int],
         backend = "NCCL" if getattr(spec, "device", "") == "cuda" else "gloo"
     groups = [_group(cluster, r) for r in roles[:1]]
     if where is not None and where[0] == "sync" and spec is not None and roles[:1] != ["rollout"] \
-            and spec.layout.mode == "disaggregated" and spec.rollout_engine == "vllm":
+            and not spec.layout.rollout_beside_training and engines.kind(spec).device_weights:
         groups.append(_group(cluster, "rollout"))  # the trainer broadcasts to the engines (rlhf.workers.sync_cuda)
     groups = [g for g in groups if g]
     what = f"{'an' if backend == 'NCCL' else 'a'} {backend} collective" + (f" of {' and '.join(groups)}" if groups else "")

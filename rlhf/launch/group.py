@@ -154,7 +154,7 @@ class ActorGroup:
 def can_colocate(spec: RunSpec) -> bool:
     """CPU, hybrid, no async rollouts, every role on every device with one rank per device."""
     layout = spec.layout
-    if spec.device != "cpu" or layout.mode != "hybrid" or getattr(spec.algo, "async_steps", 0):
+    if spec.device != "cpu" or not layout.one_pool or getattr(spec.algo, "async_steps", 0):
         return False
     every = tuple(range(layout.total_devices))
     for role in spec.roles:

@@ -56,7 +56,7 @@ class Phases:
         try:
             yield
         except Exception as e:
-            from rlhf.spec.failures import is_cuda_oom, oom_message
+            from rlhf.plan.oom import is_cuda_oom, oom_message
 
             if self.spec is not None and is_cuda_oom(e):
                 from rlhf.spec.errors import UserError
@@ -218,10 +218,8 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
                 m.update(critic_stats)
                 m.update(ds_stats)
                 m.update(phase_stats)
-                if "old_logp" in batch and spec.rollout_engine == "vllm":
-                    from rlhf.rollout.vllm import logprob_mismatch
-
-                    m.update(logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
+                if "old_logp" in batch:  # the engine's sampled-token log-probs against the trainer's
+                    m.update(algos.logprob_mismatch(batch["rollout_logp"], batch["old_logp"], mask))
                 if spec.hardware.peak_bf16_tflops > 0 and "perf/update_tflops" in m:
                     m["perf/mfu"] = m["perf/update_tflops"] / spec.hardware.peak_bf16_tflops
                     m["perf/fwd_bwd_mfu"] = m["perf/fwd_bwd_tflops"] / spec.hardware.peak_bf16_tflops

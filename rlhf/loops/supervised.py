@@ -235,10 +235,6 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
     return str(final / "hf")
 
 
-def as_float_dict(d: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
 def total_steps(spec: RunSpec, steps_per_epoch: int, console: Any = None) -> int:
     n = steps_per_epoch * spec.algo.epochs
     if console is not None and hasattr(console, "set_total"):

@@ -201,7 +201,7 @@ def apply_liger(model, required: bool = True) -> bool:
     the package, runs without; returns whether the kernels were applied."""
     import inspect
 
-    from rlhf.spec.auto import LIGER_NOT_INSTALLED, liger_coverage
+    from rlhf.plan.auto import LIGER_NOT_INSTALLED, liger_coverage
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     model_type = getattr(base.config, "model_type", None)

@@ -1,11 +1,12 @@
 """The Hugging Face rollout engine (CPU, and GPU without vLLM): sampling with a causal LM and its KV
-cache, one token step at a time, every sample from its own seeded generator (``rlhf.rollout.engine``)."""
+cache, one token step at a time, every sample from its own seeded generator. It implements
+``rlhf.rollout.engine.RolloutEngine``; its kind (``rlhf.rollout.registry.HFKind``) loads the model."""
 
 from __future__ import annotations
 
 import torch
 
-from rlhf.rollout.engine import Sample, Sampling
+from rlhf.rollout.engine import Sample, Sampling, one_request
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -36,6 +37,20 @@ class HFEngine:
         if unexpected:
             raise RuntimeError(f"weight sync: unexpected parameters {unexpected[:5]}")
 
+    def sample(self, prompt_ids: list[int], sampling: Sampling) -> Sample:
+        """One continuation of ``prompt_ids`` (``RolloutEngine.sample``)."""
+        return self.generate([list(prompt_ids)], one_request(sampling))[0]
+
+    # nothing to give back between phases: the model stays where it is
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        return {}
+
+    def wake_up(self, tags=None) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        self.model = None
+
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[Sample]:
         rows = [(i, j) for i in range(len(prompt_token_ids)) for j in range(sampling.n)]
@@ -61,6 +76,7 @@ class HFEngine:
         gens = [torch.Generator().manual_seed(int(seed) % (2**63)) for seed in row_seeds]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         done = torch.zeros(B, dtype=torch.bool)
+        stops = {self.eos, *sp.stop_token_ids}
         responses: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         past = None
@@ -80,7 +96,7 @@ class HFEngine:
                     t = int(nxt[b])
                     responses[b].append(t)
                     logps[b].append(float(logp_all[b, t]))
-                    if t == self.eos:
+                    if t in stops:
                         done[b] = True
             if bool(done.all()):
                 break
@@ -89,6 +105,6 @@ class HFEngine:
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
         return [
             Sample(response_ids=responses[b], logprobs=logps[b],
-                   finish_reason="stop" if responses[b] and responses[b][-1] == self.eos else "length")
+                   finish_reason="stop" if responses[b] and responses[b][-1] in stops else "length")
             for b in range(B)
         ]

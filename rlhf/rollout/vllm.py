@@ -2,7 +2,7 @@
 
 ``VLLMEngine`` wraps ``vllm.LLM`` with ``skip_tokenizer_init`` (the driver tokenizes), sleep mode
 (hybrid placement frees the GPU for training between rollouts) and the weight-sync methods of
-``rlhf.workers.vllm_ext.WeightSyncExtension``. vLLM's allocator for sleep mode allows one engine per
+``rlhf.rollout.vllm_ext.WeightSyncExtension``. vLLM's allocator for sleep mode allows one engine per
 process, hence one actor per engine.
 
 * tensor_parallel == 1: the engine runs inside the actor process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
@@ -14,8 +14,9 @@ process, hence one actor per engine.
   (``rlhf.launch.cluster.placement``) and the rollout worker passes them here.
 
 Sampled-token logprobs come from vLLM's sampler in ``processed_logprobs`` mode (after temperature,
-like the trainer's ``token_logprobs(logits, tokens, temperature)``); ``logprob_mismatch`` compares
-them with the trainer's recomputation.
+like the trainer's ``token_logprobs(logits, tokens, temperature)``); ``rlhf.algos.kl.logprob_mismatch``
+compares them with the trainer's recomputation. What the plan and the launcher know of this engine
+is its kind, ``rlhf.rollout.vllm_kind``.
 
 Nothing here imports vLLM at module level.
 """
@@ -29,7 +30,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from rlhf.rollout.engine import Sample
+from rlhf.rollout.engine import Sample, Sampling, one_request
 from rlhf.spec.runspec import RunSpec
 
 GiB = 1 << 30
@@ -74,7 +75,7 @@ class EngineConfig:
             enforce_eager=self.enforce_eager,
             enable_sleep_mode=self.enable_sleep_mode,
             enable_prefix_caching=self.enable_prefix_caching,
-            worker_extension_cls="rlhf.workers.vllm_ext.WeightSyncExtension",
+            worker_extension_cls="rlhf.rollout.vllm_ext.WeightSyncExtension",
             logprobs_mode="processed_logprobs",
         )
         if self.max_model_len:
@@ -97,7 +98,7 @@ def _free_total() -> tuple[int, int]:
 class VLLMEngine:
     """A vLLM engine in this process; implements ``rlhf.rollout.engine.RolloutEngine``.
 
-    ``VLLMEngine(spec, tokenizer)`` (what ``rlhf.workers.rollout.make_engine`` calls) takes the settings
+    ``VLLMEngine(spec, tokenizer)`` (what ``rlhf.rollout.vllm_kind.VLLMKind.create`` calls) takes the settings
     from a run spec (keyword arguments: ``EngineConfig`` fields over the spec's);
     ``VLLMEngine(EngineConfig(...))`` from explicit settings. The weight-sync methods below are
     what the trainer's senders call through the rollout worker.
@@ -155,9 +156,29 @@ class VLLMEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 seeds=tuple(sampling.seeds) or None,
+                stop_token_ids=tuple(sampling.stop_token_ids) or None,
                 **kw,
             )
         return self.generate_ids(prompt_token_ids, **kw)
+
+    def sample(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sample:
+        """``RolloutEngine.sample``: one continuation of ``prompt_ids``. (``vllm.LLM`` runs one
+        call at a time; concurrent requests of one process go through ``RequestBatcher``.)"""
+        return self.generate([list(prompt_ids)], one_request(sampling))[0]
+
+    def close(self) -> None:
+        """Shut the engine down (its engine core and, TP > 1, its Ray workers)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        try:  # the trainer's NCCL group (disaggregated weight sync), if one was made
+            llm.collective_rpc("rlhf_close_weight_group")
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+        engine = getattr(llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
 
     def generate_ids(
         self,
@@ -342,31 +363,6 @@ def _sampled_logprobs(lp: Any, ids: Sequence[int]) -> list[float]:
     return out
 
 
-# --------------------------------------------------------------------------- mismatch
-
-
-def mismatch_sums(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The sums behind ``logprob_mismatch`` over the policy tokens, as float64 tensors on the inputs'
-    device (added up over micro-batches without reading them back): ``n`` tokens, ``abs`` = Σ|d|,
-    ``k3`` = Σ(exp(d) - 1 - d), ``max`` = max|d|, with d = trainer − rollout log-prob."""
-    keep = mask != 0
-    d = (trainer_logp.double() - rollout_logp.double()) * keep
-    return {"n": keep.sum().double(), "abs": d.abs().sum(), "k3": ((torch.exp(d.clamp(-20, 20)) - 1 - d) * keep).sum(),
-            "max": d.abs().max() if d.numel() else d.new_zeros(())}
-
-
-def logprob_mismatch(rollout_logp: torch.Tensor, trainer_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """How far the rollout engine's sampled-token logprobs are from the trainer's recomputation
-    over policy tokens: mean and max absolute difference, and the k3 estimate of KL(rollout||trainer)
-    (tokens were sampled by the rollout engine)."""
-    s = mismatch_sums(rollout_logp, trainer_logp, mask)
-    n = float(s["n"])
-    if n == 0:
-        return {"mismatch/logp_abs_mean": 0.0, "mismatch/logp_abs_max": 0.0, "mismatch/kl_k3": 0.0}
-    return {"mismatch/logp_abs_mean": float(s["abs"]) / n, "mismatch/logp_abs_max": float(s["max"]),
-            "mismatch/kl_k3": float(s["k3"]) / n}
-
-
 # --------------------------------------------------------------------------- factory
 
 
@@ -380,7 +376,7 @@ def engine_config(spec: RunSpec, model_path: str, **over: Any) -> EngineConfig:
         seed=spec.train.seed,
         gpu_memory_utilization=r.gpu_memory_utilization,
         enforce_eager=r.enforce_eager,
-        enable_sleep_mode=spec.placement.mode == "hybrid" and spec.placement.sleep_rollout,
+        enable_sleep_mode=spec.layout.rollout_beside_training and spec.placement.sleep_rollout,
         max_model_len=r.max_prompt_tokens + r.max_response_tokens,
     )
     extra = os.environ.get("RLHF_VLLM_ARGS")  # more vllm.LLM arguments, JSON (benchmarks, tuning)

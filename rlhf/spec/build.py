@@ -11,10 +11,11 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlhf.rollout import registry as engines
 from rlhf.spec import schema as S
-from rlhf.spec.auto import resolve
+from rlhf.plan.auto import resolve
 from rlhf.spec.errors import SpecError
-from rlhf.spec.layout import plan_layout
+from rlhf.placement.layout import plan_layout
 from rlhf.spec.runspec import ROLES, BatchPlan, ResolvedModel, RunSpec  # noqa: F401  (also imported from here)
 from rlhf.spec.shape import apply_checkpoint_shape, shape_source
 from rlhf.spec.validate import estimator_info, validate
@@ -226,9 +227,7 @@ def build_sections(sections: dict[str, Any], overrides: tuple[str, ...] = (), ch
         raise SpecError(problems)
     layout = plan_layout(sections, roles)
     batch = plan_batch(sections["algo"], sections["train"], layout.world_size("actor"))
-    engine = sections["rollout"].engine
-    if engine == "auto":
-        engine = "vllm" if sections["hardware"].accelerator == "cuda" else "hf"
+    engine = engines.resolve(sections["rollout"].engine, sections["hardware"].accelerator, sections["rollout"].plugins)
     spec = RunSpec(
         **sections,
         roles=roles,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlhf.spec import schema as S
-from rlhf.spec.layout import Layout
+from rlhf.placement.layout import Layout
 
 ROLES = ("actor", "critic", "reference", "reward", "rollout")
 
@@ -72,7 +72,7 @@ class RunSpec(S.Frozen):
     rollout_engine: str  # resolved: hf | vllm
     overrides: tuple[str, ...] = field(default_factory=tuple)  # the command line's overrides
     changes: tuple[str, ...] = field(default_factory=tuple)  # what differs from the defaults (for the plan)
-    auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.spec.auto)
+    auto: tuple[Decision, ...] = field(default_factory=tuple)  # values the build chose (rlhf.plan.auto)
     # "model" / "reward" -> where preflight found model.path / reward.model_path (``with_models``)
     models: dict[str, ResolvedModel] = field(default_factory=dict)
     # a plan without output_dir: the run dir a run would get (hydra.run.dir, made unique; not created)

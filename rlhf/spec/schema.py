@@ -297,7 +297,10 @@ class PlacementSpec(Frozen):
     """hybrid: every role spans the same devices; disaggregated: each role gets its own."""
 
     mode: str = doc(MISSING, "hybrid (training and generation share every device, switching each step) | "
-                    "disaggregated (each role on its own devices, no switching, fewer devices each).")
+                    "disaggregated (each role on its own devices, no switching, fewer devices each) | a "
+                    "placement registered by placement.plugins (rlhf.placement.registry).")
+    plugins: list[str] = docf(list, "Modules imported in the driver before the placement is looked up; their "
+                              "@register_placement classes add placements (which roles share devices).")
     actor: int = doc(0, "disaggregated: devices of the policy's trainer (0 = not placed).")
     critic: int = doc(0, "disaggregated: devices of the critic (0 = not used).")
     reference: int = doc(0, "disaggregated: devices of the reference model (0 = not used).")
@@ -316,7 +319,11 @@ class PlacementSpec(Frozen):
 class RolloutSpec(Frozen):
     """Sampling of the responses."""
 
-    engine: str = doc("auto", "auto | hf | vllm (auto: vllm on cuda, hf on cpu).")
+    engine: str = doc("auto", "auto | hf | vllm | an engine registered by rollout.plugins (auto: vllm on cuda, "
+                      "hf on cpu).")
+    plugins: list[str] = docf(list, "Modules imported in the driver and the rollout workers before the engine is "
+                              "looked up; their @register_engine classes add rollout engines "
+                              "(rlhf.rollout.registry).")
     max_prompt_tokens: int = doc(64, "Prompts are cut to this many tokens.")
     max_response_tokens: int = doc(16, "Generation stops after this many tokens.")
     temperature: float = doc(1.0, "Sampling temperature; 1.0 samples the policy itself (what the "

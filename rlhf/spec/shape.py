@@ -1,7 +1,7 @@
 """The model's architecture numbers from its own ``config.json``, when the driver can read it
 before anything starts: a local checkpoint dir, or a Hub id whose snapshot is already in the HF
 cache (``rlhf.hub``; nothing is downloaded here). ``model_type`` reads its transformers model type
-the same way (``model.liger_kernels=auto``, rlhf.spec.auto).
+the same way (``model.liger_kernels=auto``, rlhf.plan.auto).
 
 The plan sizes memory and counts parameters from ``model.n_layers`` ... ``model.vocab``. A model
 group (``conf/model/*.yaml``) gives them for its own checkpoint; pointing ``model.path`` at another

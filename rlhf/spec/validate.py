@@ -16,6 +16,10 @@ from rlhf.algos.registry import (
     Registry,
     plugin_problem,
 )
+from rlhf.placement.layout import divisors, plan_layout
+from rlhf.placement.layout import problems as placement_problems
+from rlhf.placement import registry as placements
+from rlhf.rollout import registry as engines
 from rlhf.spec.schema import RLAlgo
 from rlhf.spec.tokens import sequence_tokens
 
@@ -43,14 +47,38 @@ def estimator_info(algo: RLAlgo) -> Optional[EstimatorInfo]:
     return ADVANTAGE_ESTIMATORS.info(algo.estimator) if algo.estimator in ADVANTAGE_ESTIMATORS.names() else None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _rollout_beside_training(s: dict[str, Any], roles: tuple[str, ...]) -> bool:
+    """The placement puts the rollout engines on a trained role's devices (False for an unknown
+    placement: its own message says so)."""
+    pl = s["placement"]
+    try:
+        pools = placements.get(pl.mode, pl.plugins).pools(roles)
+    except Exception:  # noqa: BLE001 - an unknown placement or a plugin that does not import
+        return False
+    return any("rollout" in pool and ("actor" in pool or "critic" in pool) for pool in pools)
 
 
-def tp_splits_heads(m: Any, tp: int) -> bool:
-    """vLLM's rule: query heads divide by TP; KV heads divide by TP, or TP by them (replication)."""
-    kv_ok = m.n_kv_heads % tp == 0 if m.n_kv_heads >= tp else tp % m.n_kv_heads == 0
-    return m.n_heads % tp == 0 and kv_ok
+def _rollout_engine(s: dict[str, Any]) -> list[str]:
+    """rollout.engine: registered (after importing rollout.plugins), runs on this hardware, and its
+    kind's own rules."""
+    rollout, hw = s["rollout"], s["hardware"]
+    p = [msg for msg in map(engines.plugin_problem, rollout.plugins) if msg is not None]
+    if p:
+        return p
+    known = engines.names(rollout.plugins)
+    if rollout.engine != "auto" and rollout.engine not in known:
+        return [f"rollout.engine={rollout.engine!r} is not valid. Choose one of: auto, {', '.join(known)} "
+                "(or register another in a module named in rollout.plugins)."]
+    kind = engines.get(engines.resolve(rollout.engine, hw.accelerator, rollout.plugins))
+    if hw.accelerator not in kind.accelerators:
+        others = [n for n in known if hw.accelerator in engines.get(n).accelerators]
+        needs = "GPUs" if kind.accelerators == ("cuda",) else " or ".join(kind.accelerators)
+        p.append(f"rollout.engine={kind.name} needs {needs} but hardware={hw.name}. Use "
+                 f"rollout.engine={' or '.join(others) or 'auto'} (or auto), or a GPU hardware.")
+    if rollout.seeded is False and kind.needs_seeds:
+        p.append(f"rollout.seeded=false: the {kind.name} engine draws every sample from its own seeded generator, "
+                 "so it needs the seeds. Use rollout.seeded=true (or leave it unset).")
+    return p + kind.problems(s)
 
 
 def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str] = None) -> list[str]:
@@ -100,7 +128,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
                          "(2.0 is usual) for the importance-sampling correction.")
             if algo.dynamic_sampling:
                 p.append("algo.async_steps > 0 with algo.dynamic_sampling=true is not supported: turn one off.")
-            if s["hardware"].accelerator == "cuda" and s["placement"].mode == "hybrid":
+            if s["hardware"].accelerator == "cuda" and _rollout_beside_training(s, roles):
                 p.append("algo.async_steps > 0 needs rollout engines beside the trainers: use placement=disaggregated "
                          "(hybrid GPUs sleep vLLM while training).")
             if s.get("env") is not None and s["env"].fn is not None:
@@ -148,86 +176,15 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
             p.append(f"{key}=true needs a CUDA GPU, but hardware={hw.name} has none. Use {key}={fix}.")
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
-    _choice(p, "rollout.engine", rollout.engine, ("auto", "hf", "vllm"))
-    if rollout.engine == "vllm" and hw.accelerator == "cpu":
-        p.append("rollout.engine=vllm needs GPUs but hardware=cpu. Use rollout.engine=hf (or auto), or a GPU hardware.")
-    hf_engine = rollout.engine == "hf" or (rollout.engine == "auto" and hw.accelerator != "cuda")
-    if rollout.seeded is False and hf_engine:
-        p.append("rollout.seeded=false: HF generate draws every sample from its own seeded generator, so it needs "
-                 "the seeds. Use rollout.seeded=true (or leave it unset).")
+    p.extend(_rollout_engine(s))
 
     # ---- placement
     n_before_placement = len(p)
-    total = hw.nodes * hw.devices_per_node
-    _choice(p, "placement.mode", pl.mode, ("hybrid", "disaggregated"))
     if hw.accelerator == "cuda" and hw.device_memory_gb <= 0:
         p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (80 for an H100).")
     if hw.host_memory_gb < 0:
         p.append(f"hardware.host_memory_gb={hw.host_memory_gb} must be >= 0 (GB of memory per node; 0 = not checked).")
-    if pl.mode == "hybrid":
-        for r in ("actor", "critic", "reference", "reward"):
-            if getattr(pl, r):
-                p.append(
-                    f"placement.{r}={getattr(pl, r)} only applies to placement=disaggregated: in hybrid "
-                    f"placement every role spans all {total} devices. Drop it, or use placement=disaggregated."
-                )
-    if pl.rollout.engines < 0:
-        p.append(f"placement.rollout.engines={pl.rollout.engines} must be >= 0 (0 = as many as fit).")
-    tp = pl.rollout.tensor_parallel
-    if tp < 1 or tp > hw.devices_per_node:
-        p.append(
-            f"placement.rollout.tensor_parallel={tp} must be between 1 and the GPUs of one node "
-            f"(hardware.devices_per_node={hw.devices_per_node}): tensor parallelism does not cross nodes."
-        )
-    elif "rollout" in roles:
-        m = s["model"]
-        if not tp_splits_heads(m, tp):
-            ok = [d for d in _divisors(hw.devices_per_node) if tp_splits_heads(m, d)]
-            p.append(
-                f"placement.rollout.tensor_parallel={tp} does not split the {m.n_heads} attention heads "
-                f"({m.n_kv_heads} KV heads) of {shape_from or f'model={m.name}'} evenly over the TP ranks, "
-                "as vLLM requires. "
-                f"Use one of: {', '.join(str(d) for d in ok)}."
-            )
-        if pl.mode == "hybrid":
-            engines = pl.rollout.engines or total // tp
-            if hw.devices_per_node % tp:
-                ok = ", ".join(str(d) for d in _divisors(hw.devices_per_node) if tp_splits_heads(m, d))
-                p.append(
-                    f"placement.rollout.tensor_parallel={tp} does not divide the {hw.devices_per_node} GPUs of a "
-                    f"node, which hybrid placement gives to rollout engines (hardware={hw.name}). Use one of: {ok}."
-                )
-            elif engines * tp > total:
-                p.append(
-                    f"placement.rollout.engines={engines} × tensor_parallel={tp} needs {engines * tp} devices, "
-                    f"but hardware={hw.name} has {total}. Use placement.rollout.engines={total // tp} (or 0 = all)."
-                )
-    if pl.mode == "disaggregated" and 1 <= tp <= hw.devices_per_node and pl.rollout.engines >= 0:
-        from rlhf.spec.layout import disaggregated_counts
-
-        counts = disaggregated_counts(pl, roles, total)
-        need = sum(counts.values())
-        if need > total:
-            detail = ", ".join(f"{r} {n}" for r, n in counts.items())
-            p.append(
-                f"placement=disaggregated needs {need} devices ({detail}) but hardware={hw.name} has "
-                f"{total}. Lower the per-role counts (0 = automatic), use bigger hardware, or placement=hybrid."
-            )
-        if counts.get("rollout", 0) % tp:
-            ok = [d for d in _divisors(counts["rollout"]) if d <= hw.devices_per_node]
-            p.append(
-                f"placement.rollout.tensor_parallel={tp} does not divide the {counts['rollout']} devices given "
-                f"to rollout engines (placement.rollout.engines={pl.rollout.engines}). "
-                f"Use tensor_parallel {', '.join(str(d) for d in ok)}, or engines × tensor_parallel devices."
-            )
-        elif tp > 1 and need <= total and "rollout" in counts:
-            _engines_within_nodes(p, hw, counts, tp)
-        for r in ("critic", "reference", "reward"):
-            if r not in roles and getattr(pl, r):
-                p.append(
-                    f"placement.{r}={getattr(pl, r)} gives devices to a role this run does not have "
-                    f"(algo={algo.name}). Set placement.{r}=0."
-                )
+    p.extend(placement_problems(s, roles, shape_from))
 
     # ---- train / batch math
     placement_ok = len(p) == n_before_placement
@@ -372,23 +329,6 @@ def _train_memory_problems(p: list[str], s: dict[str, Any]) -> None:
         )
 
 
-def _engines_within_nodes(p: list[str], hw: Any, counts: dict[str, int], tp: int) -> None:
-    """Disaggregated engines take the last devices (rlhf.spec.layout.plan_layout); a TP group must
-    not cross a node boundary."""
-    dpn = hw.devices_per_node
-    start = sum(counts.values()) - counts["rollout"]
-    for i in range(counts["rollout"] // tp):
-        first, last = start + i * tp, start + (i + 1) * tp - 1
-        if first // dpn != last // dpn:
-            before = ", ".join(f"placement.{r}={n}" for r, n in counts.items() if r != "rollout")
-            p.append(
-                f"placement.rollout.tensor_parallel={tp}: rollout engine {i} would take devices {first}-{last}, "
-                f"on nodes {first // dpn} and {last // dpn} of hardware={hw.name}, but tensor parallelism does not "
-                f"cross nodes. Give the other roles ({before}) a multiple of {tp} devices in all."
-            )
-            return
-
-
 def _lora_problems(p: list[str], s: dict[str, Any]) -> None:
     """model.lora: LoRA adapters on the policy (rlhf.models.lora)."""
     lora, algo = s["model"].lora, s["algo"]
@@ -427,7 +367,6 @@ def _or(values: list[int]) -> str:
 
 def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     """The batch math of one step: samples → mini-batches → ranks → micro-batches must divide evenly."""
-    from rlhf.spec.layout import plan_layout
 
     algo, train = s["algo"], s["train"]
     world = plan_layout(s, roles).world_size("actor")
@@ -444,13 +383,13 @@ def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
     ok_prompts = [q for q in range(1, 4 * prompts + world + 1) if (q * group) % world == 0]
     p = []
     if set_mini is not None and (set_mini < 1 or samples % set_mini):
-        near = [d for d in _divisors(samples) if d % world == 0]
+        near = [d for d in divisors(samples) if d % world == 0]
         fix = (f"Use algo.mini_batch_size={_or(_nearest(near, set_mini))}" if near
                else f"Use train.prompts_per_step={_or(_nearest(ok_prompts, prompts))}")
         p.append(f"algo.mini_batch_size={set_mini} does not divide the {what} of a step. {fix}.")
     elif mini % world:
         if set_mini is not None:
-            near = [d for d in _divisors(samples) if d % world == 0]
+            near = [d for d in divisors(samples) if d % world == 0]
             fix = (f"algo.mini_batch_size={_or(_nearest(near, set_mini))}" if near
                    else f"train.prompts_per_step={_or(_nearest(ok_prompts, prompts))}")
         else:
@@ -463,7 +402,7 @@ def _batch_problems(s: dict[str, Any], roles: tuple[str, ...]) -> list[str]:
         per_rank = mini // world
         micro = min(train.micro_batch_size, per_rank)
         if per_rank % micro:
-            ok = [d for d in _divisors(per_rank) if d <= train.micro_batch_size]
+            ok = [d for d in divisors(per_rank) if d <= train.micro_batch_size]
             p.append(
                 f"train.micro_batch_size={train.micro_batch_size} does not divide the {per_rank} samples each of "
                 f"the {world} ranks takes per optimizer step ({mini} / {world}). "

@@ -69,7 +69,7 @@ def host_optimizer_threads(spec: RunSpec, cores: int) -> int:
     critic); RLHF_CPU_THREADS overrides."""
     if os.environ.get("RLHF_CPU_THREADS"):
         return max(1, int(os.environ["RLHF_CPU_THREADS"]))
-    per_device = sum(r in spec.roles for r in ("actor", "critic")) if spec.layout.mode == "hybrid" else 1
+    per_device = sum(spec.layout.shares("actor", r) for r in ("actor", "critic"))
     return max(1, cores // max(1, spec.hardware.devices_per_node) // max(1, per_device))
 
 

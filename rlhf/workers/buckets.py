@@ -1,7 +1,7 @@
 """Weight buckets: how a model's tensors are grouped and packed into one flat buffer per bucket.
 
 Pure torch, no CUDA, no vLLM: the GPU transports (``rlhf.workers.sync_cuda``) and the receiving side
-inside vLLM (``rlhf.workers.vllm_ext``) both use these functions, and CI tests them on CPU.
+inside vLLM (``rlhf.rollout.vllm_ext``) both use these functions, and CI tests them on CPU.
 
 A bucket is a list of ``TensorMeta`` (name, dtype, shape, byte offset, byte count) whose tensors are
 laid out back to back in one ``uint8`` buffer, each starting at a multiple of ``ALIGN`` bytes so

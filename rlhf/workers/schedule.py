@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
@@ -33,7 +34,8 @@ class Schedule:
     trained policy to the rollout engines (``send() -> metrics``). Both phases return metrics."""
 
     def __init__(self, spec: RunSpec, cluster: Any, weights: Any) -> None:
-        hybrid = spec.device == "cuda" and spec.rollout_engine == "vllm" and spec.layout.mode == "hybrid"
+        # memory moves on GPU when the engine sleeps and shares its devices with the trained roles
+        hybrid = spec.device == "cuda" and engines.kind(spec).sleeps and spec.layout.rollout_beside_training
         self.weights = weights
         self.rollout = cluster.rollout
         # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.train import PolicyWorker
@@ -38,8 +39,9 @@ class ObjectStoreTransport:
 
 
 def make_transport(spec: RunSpec, cluster: Any) -> Any:
-    """The weight transport for the run's device, rollout engine and placement."""
-    if spec.device == "cuda" and spec.rollout_engine == "vllm":
+    """The weight transport for the run's device and rollout engine: on GPU, the senders when the
+    engine takes weights on the device (``EngineKind.device_weights``)."""
+    if spec.device == "cuda" and engines.kind(spec).device_weights:
         return CudaTransport(cluster)  # CUDA IPC (hybrid) / NCCL (disaggregated)
     return ObjectStoreTransport(cluster.actor, cluster.rollout)
 

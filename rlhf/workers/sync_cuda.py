@@ -13,7 +13,7 @@ and, under ZeRO-3, gathers only one bucket's shards at a time (``deepspeed.zero.
 a collective: every trainer rank must call ``send`` together; only rank 0 talks to the engines).
 
 ``send`` returns ``{"sync_seconds", "sync_bytes", "sync_gbps", "sync_buckets"}``.
-The engine side is ``rlhf.workers.vllm_ext.WeightSyncExtension``, reached through the methods of
+The engine side is ``rlhf.rollout.vllm_ext.WeightSyncExtension``, reached through the methods of
 ``rlhf.workers.rollout.RolloutWorker`` and ``rlhf.rollout.vllm.VLLMEngine`` (``load_ipc``,
 ``load_nccl``, ``sync_done``, ``init_weight_group``).
 
@@ -312,13 +312,12 @@ def ipc_buffers(nbytes: int, dev: torch.device, n: int) -> list[torch.Tensor]:
         return [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(n)]
 
 
-def make_sender(mode: str, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
-    """The sender for a placement mode: ``hybrid`` -> CUDA IPC, ``disaggregated`` -> NCCL."""
-    if mode == "hybrid":
+def make_sender(same_devices: bool, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
+    """The sender to engines on the trainer's own GPUs (``same_devices``: CUDA IPC) or on others
+    (NCCL)."""
+    if same_devices:
         return CudaIPCSender(engines)
-    if mode == "disaggregated":
-        return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
-    raise ValueError(f"placement mode {mode!r}: expected hybrid or disaggregated")
+    return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
 
 
 def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSender | NcclSender:
@@ -326,7 +325,7 @@ def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSende
     one (ZeRO-3 gathers are collective); only rank 0 gets the engines' handles and talks to them."""
     lead = rank == 0
     tps = [len(e) for e in spec.layout.engines] or [1] * len(engines)
-    return make_sender(spec.layout.mode, engines if lead else [], tps if lead else [])
+    return make_sender(spec.layout.shares("rollout", "actor"), engines if lead else [], tps if lead else [])
 
 
 def _call(handle: Any, method: Any, *args: Any, **kwargs: Any) -> Any:

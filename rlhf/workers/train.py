@@ -119,7 +119,7 @@ class _Model(Worker):
                 m.p = 0.0
         if self.spec.model.liger_kernels:
             from rlhf.models.load import apply_liger
-            from rlhf.spec.auto import chosen
+            from rlhf.plan.auto import chosen
 
             apply_liger(model, required=not chosen(self.spec, "model.liger_kernels"))
         from rlhf.models.varlen import use_varlen
@@ -584,8 +584,8 @@ class _StatSums:
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """The rollout engine's sampled-token log-probs against the trainer's, for this micro-batch
-        (``rlhf.rollout.vllm.mismatch_sums``: the sums behind ``logprob_mismatch``)."""
-        from rlhf.rollout.vllm import mismatch_sums
+        (``rlhf.algos.kl.mismatch_sums``: the sums behind ``logprob_mismatch``)."""
+        from rlhf.algos.kl import mismatch_sums
 
         m = mismatch_sums(rollout_logp, trainer_logp, mask)
         top = torch.as_tensor(self.sums.get("mismatch/logp_abs_max", 0.0), dtype=torch.float64, device=m["max"].device)

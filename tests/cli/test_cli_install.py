@@ -59,7 +59,7 @@ def test_non_editable_install_finds_conf_and_recipes(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("run: grpo · hybrid · llama3-8b · 8xh100")
     # every GPU and host figure is printed and fits: no ✗ line but the disk's, whose verdict is this
-    # machine's free space (rlhf.spec.disk)
+    # machine's free space (rlhf.plan.disk)
     lines = run.stdout.splitlines()
     assert any(ln.startswith("  training phase:") for ln in lines) and any(
         ln.startswith("  generation phase:") for ln in lines) and any(

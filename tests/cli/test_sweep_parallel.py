@@ -72,9 +72,9 @@ def test_jobs_wait_for_room_and_a_too_large_job_fails_alone(two_slot_ray, tmp_pa
 def test_jobs_that_would_overfill_the_disk_together_run_one_after_the_other(two_slot_ray, real_disk, tmp_path, monkeypatch):
     """Two jobs with room for both in slots, but a disk with room for one job's checkpoints and
     export at a time: the second starts only after the first has ended. The plan's figure is a
-    stand-in (1 GB a job); rlhf.spec.disk.need itself is tested in test_spec_disk."""
+    stand-in (1 GB a job); rlhf.plan.disk.need itself is tested in test_spec_disk."""
     from rlhf import storage
-    from rlhf.spec import disk
+    from rlhf.plan import disk
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])

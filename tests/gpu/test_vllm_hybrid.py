@@ -48,7 +48,7 @@ def test_generate_returns_ids_and_logprobs(setup):
     import torch
 
     from rlhf.rollout.engine import Sampling
-    from rlhf.rollout.vllm import logprob_mismatch
+    from rlhf.algos.kl import logprob_mismatch
 
     engine, trainer, prompts = setup["engine"], setup["trainer"], setup["prompts"]
     samples = ray.get(engine.generate.remote(prompts, Sampling(n=4, max_new_tokens=48, temperature=1.0,

@@ -157,7 +157,7 @@ TP_LAYOUTS = {
 
 @pytest.mark.parametrize("name", TP_LAYOUTS)
 def test_each_tp_engine_gets_the_bundles_of_its_own_gpus(name):
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.render import render_plan
 
     spec = _spec(TP_LAYOUTS[name])
     lay, groups, engines = spec.layout, launch.group_devices(spec), launch.placement(spec)["rollout"]

@@ -81,7 +81,7 @@ def _same_metrics(a: list[dict], b: list[dict], keys: list[str] = KEYS) -> None:
 def test_plan_shows_every_node(tmp_path):
     from tests.multinode.scenario import build
 
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.render import render_plan
 
     text = render_plan(build(["hardware=4x8xh100", "model=llama3-70b", "algo=grpo",
                               "placement.rollout.tensor_parallel=4"]))
@@ -99,7 +99,7 @@ def test_plan_shows_every_node(tmp_path):
 def test_plan_node_map_is_what_the_launcher_reserves(scenario, name):
     from tests.multinode.scenario import GPU_HW, GPU_LAYOUTS, build
 
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.render import render_plan
 
     planned = plan_nodes(render_plan(build(GPU_HW + GPU_LAYOUTS[name])))
     reserved: dict[int, dict[str, tuple[int, ...]]] = {}

@@ -7,7 +7,7 @@
 * an SFT run stopped after its first epoch and resumed from its checkpoint ends where the
   uninterrupted pipeline SFT stage ended.
 * the SFT stage (a checkpoint every 16 of its steps, both kept) writes no more checkpoints than the
-  disk plan counts from its data (rlhf.spec.disk.supervised_steps).
+  disk plan counts from its data (rlhf.plan.disk.supervised_steps).
 
 One Ray instance serves every run of this module.
 """
@@ -82,7 +82,7 @@ def test_sft_writes_no_more_checkpoints_than_the_disk_plan_counts(pipeline, monk
     """The plan's saves of the stage (its rows counted in the files, before reading them) against
     the checkpoints the run committed: every 16 steps of 2 epochs of 512 rows, 32 a step."""
     from rlhf.ckpt.manager import CheckpointManager
-    from rlhf.spec import disk
+    from rlhf.plan import disk
     from tests.helpers import planned_spec
 
     monkeypatch.setenv("RLHF_PIPELINE_DIR", str(pipeline))

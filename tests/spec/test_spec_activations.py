@@ -1,4 +1,4 @@
-"""The plan's activation bytes per decoder layer (rlhf.spec.memory.ACT_BYTES_PER_LAYER) against what
+"""The plan's activation bytes per decoder layer (rlhf.plan.memory.ACT_BYTES_PER_LAYER) against what
 autograd keeps for the backward pass of HF's Qwen2 layer in bf16, measured with saved-tensor hooks
 on CPU (storages counted once).
 
@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from rlhf.models import varlen
-from rlhf.spec.memory import ACT_BYTES_PER_LAYER
+from rlhf.plan.memory import ACT_BYTES_PER_LAYER
 from rlhf.spec.schema import ModelSpec
 
 TOLERANCE = 0.01
@@ -83,7 +83,7 @@ def test_layer_activation_bytes_match_what_autograd_saves(h, inter, heads, kv_he
     formula = a * h + b * inter + c * kv + d * heads
     assert measured + kernel == pytest.approx(formula, rel=TOLERANCE), (measured, kernel, formula)
     # the plan's figure for the same shape uses the same numbers
-    from rlhf.spec.memory import layer_activation_bytes
+    from rlhf.plan.memory import layer_activation_bytes
 
     m = ModelSpec(name="t", path="x", n_layers=2, hidden=h, intermediate=inter, n_heads=heads, n_kv_heads=kv_heads,
                   vocab=128, dtype="bfloat16")

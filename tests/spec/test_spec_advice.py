@@ -123,7 +123,7 @@ def test_70b_loading_does_not_fit_the_host(capsys):
     (["algo=rm"], None),  # a reward model takes no adapters (validate.LORA_KINDS)
 ])
 def test_lora_is_suggested_only_where_it_builds(argv, expected):
-    from rlhf.spec.advice import apply, lora_overrides
+    from rlhf.plan.advice import apply, lora_overrides
     from tests.helpers import planned_spec
 
     spec = planned_spec(argv)
@@ -134,7 +134,7 @@ def test_lora_is_suggested_only_where_it_builds(argv, expected):
 
 
 def test_merged_overrides_keep_the_later_value_and_a_hardware_option_replaces_its_keys():
-    from rlhf.spec.advice import merge_overrides
+    from rlhf.plan.advice import merge_overrides
 
     a = ["hardware.nodes=2", "model.lora.rank=16", "checkpoint.keep_last=1"]
     assert merge_overrides(a, ["checkpoint.keep_last=3", "checkpoint.save_hf=false"]) == (

@@ -19,7 +19,7 @@ from rlhf.spec.build import (
     typed_config,
 )
 from rlhf.spec.errors import SpecError
-from rlhf.spec.layout import disaggregated_counts
+from rlhf.placement.layout import disaggregated_counts
 from rlhf.spec import schema as S
 
 

@@ -1,4 +1,4 @@
-"""The disk a run writes under output_dir (rlhf.spec.disk): the formula against hand arithmetic and
+"""The disk a run writes under output_dir (rlhf.plan.disk): the formula against hand arithmetic and
 against real DeepSpeed checkpoints and HF exports written by the workers' own save calls on CPU;
 the plan's line, its "does not fit" line whose every suggestion fits when planned again, and the
 start of a run refusing (exit 2, one line, nothing made) what the plan refuses."""
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rlhf import cli, storage
-from rlhf.spec import disk
-from rlhf.spec.memory import GB
+from rlhf.plan import disk
+from rlhf.plan.memory import GB
 from tests.helpers import planned_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""An sft/rm/dpo run's checkpoints counted from its data (rlhf.spec.disk.supervised_steps): the
+"""An sft/rm/dpo run's checkpoints counted from its data (rlhf.plan.disk.supervised_steps): the
 rows of its training files counted without reading them whole (rlhf.data.files.count_rows,
 rows_bound) against what the loaders read, the step bound against the steps the loops' own data
 path gives, and the plan and the start-of-run check fitting a disk with the count where rotation's
@@ -16,9 +16,9 @@ import pytest
 
 from rlhf import cli, storage
 from rlhf.data import files
-from rlhf.spec import disk
+from rlhf.plan import disk
 from rlhf.spec.errors import UserError
-from rlhf.spec.memory import GB
+from rlhf.plan.memory import GB
 from tests.helpers import planned_spec
 
 ROWS = [{"prompt": f"p{i}", "response": f"r{i}", "chosen": f"c{i}", "rejected": f"x{i}"} for i in range(7)]

@@ -29,7 +29,7 @@ def _decision(spec):
 def test_auto_off_on_cpu():
     spec = _spec([])
     assert spec.model.liger_kernels is False and _decision(spec).why == ""
-    from rlhf.spec.plan import render_plan
+    from rlhf.plan.render import render_plan
 
     assert "Liger" not in render_plan(spec)  # nothing to say about Triton kernels on a CPU run
 
@@ -150,7 +150,7 @@ def test_cuda_only_settings_are_refused_on_cpu(key, fix):
 
 def test_liger_coverage_is_one_answer_for_the_driver_and_the_workers(monkeypatch):
     """``liger_coverage``: not installed, installed but failing to import, a type covered, one not."""
-    from rlhf.spec.auto import LIGER_NOT_INSTALLED, liger_coverage
+    from rlhf.plan.auto import LIGER_NOT_INSTALLED, liger_coverage
 
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # as when it is not installed
     assert liger_coverage("llama") == (False, LIGER_NOT_INSTALLED)

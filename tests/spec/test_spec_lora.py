@@ -1,5 +1,5 @@
 """model.lora in the spec: validation messages, the plan line, and the memory figures recomputed
-from the LoRA formulas of docs/memory.md (not from rlhf.spec.memory)."""
+from the LoRA formulas of docs/memory.md (not from rlhf.plan.memory)."""
 
 from __future__ import annotations
 

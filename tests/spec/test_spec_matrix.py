@@ -13,7 +13,7 @@ from rlhf import cli
 from rlhf.paths import conf_dir
 from rlhf.spec.build import build_sections, typed_config
 from rlhf.spec.errors import SpecError
-from rlhf.spec.plan import render_plan
+from rlhf.plan.render import render_plan
 from rlhf.spec import schema as S
 
 from spec_combos import AXES, as_dict, assemble, combinations, model_defaults, options

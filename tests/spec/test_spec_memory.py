@@ -1,4 +1,4 @@
-"""Plan memory figures, recomputed here from the formulas in docs/memory.md (not from rlhf.spec.memory)."""
+"""Plan memory figures, recomputed here from the formulas in docs/memory.md (not from rlhf.plan.memory)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import yaml
 
 from rlhf import cli
 from rlhf.paths import conf_dir
-from rlhf.spec import memory
+from rlhf.rollout import vllm_kind
+from rlhf.plan import memory
 from rlhf.spec.schema import LoraSpec, ModelSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
@@ -265,9 +266,9 @@ def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
 
 
 def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
-    """The fit margin is read in one place (rlhf.spec.memory.capacity): at half of a GPU usable the
+    """The fit margin is read in one place (rlhf.plan.memory.capacity): at half of a GPU usable the
     auto choices, the plan's warnings and its verdict all measure against 40 of 80 GB."""
-    for module in ("rlhf.spec.auto", "rlhf.spec.plan", "rlhf.spec.advice"):
+    for module in ("rlhf.plan.auto", "rlhf.plan.render", "rlhf.plan.advice"):
         importlib.import_module(module)  # loaded before the margin changes, as any earlier plan would
     monkeypatch.setattr(memory, "FIT_MARGIN", 0.5)
     out = plan(capsys, *LLAMA8, "placement=hybrid")
@@ -284,7 +285,7 @@ def test_the_plan_and_the_auto_choices_share_one_fit_rule(capsys, monkeypatch):
 def test_the_doc_states_the_constants_the_code_uses():
     text = DOC.read_text()
     assert f"| {memory.CUDA_OVERHEAD_GB:g} GB | `CUDA_OVERHEAD_GB`" in text
-    assert f"| {memory.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
+    assert f"| {vllm_kind.VLLM_ASLEEP_GB:g} GB | `VLLM_ASLEEP_GB`" in text
     assert memory.ACT_BYTES_PER_LAYER == (20, 8, 4, 4) and "| 20·h + 8·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER`" in text
     assert memory.ACT_BYTES_PER_LAYER_LIGER == (12, 6, 4, 4) and \
         "| 12·h + 6·I + 4·kv + 4·H | `ACT_BYTES_PER_LAYER_LIGER`" in text
@@ -297,8 +298,9 @@ def test_the_doc_states_the_constants_the_code_uses():
     for name in ("LINEAR_CHUNK_BYTES_PER_LOGIT", "HEAD_GRAD_BYTES", "CHUNK_BYTES_PER_LOGIT",
                  "FORWARD_CHUNK_BYTES_PER_LOGIT", "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
         assert f"| {getattr(memory, name)} B | `{name}`" in text, name
-    for name in ("HOST_PROCESS_GB", "HOST_VLLM_ENGINE_GB", "HOST_DRIVER_GB"):
+    for name in ("HOST_PROCESS_GB", "HOST_DRIVER_GB"):
         assert f"| {getattr(memory, name):g} GB | `{name}`" in text, name
+    assert f"| {vllm_kind.HOST_VLLM_ENGINE_GB:g} GB | `HOST_VLLM_ENGINE_GB`" in text
     assert f"| {memory.ZERO_REDUCE_BUCKET:.0e} | `ZERO_REDUCE_BUCKET`".replace("e+0", "e") in text
 
 

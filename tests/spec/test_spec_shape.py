@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlhf.spec.build import build, config_dict
-from rlhf.spec.memory import param_count
-from rlhf.spec.plan import render_plan
+from rlhf.plan.memory import param_count
+from rlhf.plan.render import render_plan
 from rlhf.spec.shape import read_shape, shape_of
 from tests.helpers import make_spec
 

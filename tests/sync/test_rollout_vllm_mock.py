@@ -47,7 +47,7 @@ class _FakeLLM:
     instances: list = []
 
     def __init__(self, **kw):
-        from rlhf.workers.vllm_ext import WeightSyncExtension
+        from rlhf.rollout.vllm_ext import WeightSyncExtension
 
         self.kw = kw
         self.calls = []
@@ -111,7 +111,7 @@ def test_engine_settings_and_generation(fake_vllm, monkeypatch):
                                         eos_token_id=2))
     kw = _FakeLLM.instances[-1].kw
     assert kw["skip_tokenizer_init"] and kw["enable_sleep_mode"]
-    assert kw["worker_extension_cls"] == "rlhf.workers.vllm_ext.WeightSyncExtension"
+    assert kw["worker_extension_cls"] == "rlhf.rollout.vllm_ext.WeightSyncExtension"
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["max_model_len"] == 256 and kw["gpu_memory_utilization"] == 0.3
     import os
@@ -157,7 +157,7 @@ def test_sleep_wake_and_weight_loading(fake_vllm):
 
 
 def test_logprob_mismatch_stats():
-    from rlhf.rollout.vllm import logprob_mismatch
+    from rlhf.algos.kl import logprob_mismatch
 
     roll = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     mine = torch.tensor([[-1.1, -2.0, 5.0], [-0.3, 9.0, 9.0]])

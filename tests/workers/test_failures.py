@@ -6,7 +6,7 @@ import torch
 
 from rlhf.loops.rl import Phases
 from rlhf.spec.errors import UserError
-from rlhf.spec.failures import is_cuda_oom
+from rlhf.plan.oom import is_cuda_oom
 
 from tests.helpers import planned_spec
 

@@ -43,6 +43,14 @@ class _Handle:
         return None
 
 
+def _layout(mode: str):
+    from rlhf.placement import registry
+    from rlhf.placement.layout import Layout
+
+    roles = ("actor", "critic", "reference", "rollout")
+    return Layout(mode=mode, total_devices=2, roles={}, engines=((0,), (1,)), pools=registry.get(mode).pools(roles))
+
+
 @pytest.fixture
 def run(monkeypatch):
     import ray
@@ -52,8 +60,8 @@ def run(monkeypatch):
     def run(device="cuda", mode="hybrid", sleep=True, offload=True, critic=True):
         log: list = []
         group = lambda role: ActorGroup(role, [_Handle(log, role, r) for r in range(2)])  # noqa: E731
-        spec = NS(device=device, rollout_engine="vllm" if device == "cuda" else "hf",
-                  layout=NS(mode=mode, engines=[(0,), (1,)]),
+        spec = NS(device=device, rollout_engine="vllm" if device == "cuda" else "hf", rollout=NS(plugins=()),
+                  layout=_layout(mode),
                   placement=NS(sleep_rollout=sleep, offload_train_state=offload))
         cluster = NS(actor=group("actor"), critic=group("critic") if critic else None, reference=group("reference"),
                      reward_model=None, rollout=group("rollout"))

@@ -14,7 +14,12 @@ from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker, Trai
 
 
 def _spec(mode: str, engines=((0,), (1,))):
-    return NS(layout=NS(mode=mode, engines=engines))
+    from rlhf.placement import registry
+    from rlhf.placement.layout import Layout
+
+    roles = ("actor", "rollout")
+    return NS(layout=Layout(mode=mode, total_devices=len(engines), roles={}, engines=engines,
+                            pools=registry.get(mode).pools(roles)))
 
 
 @pytest.mark.parametrize("mode,cls", [("hybrid", CudaIPCSender), ("disaggregated", NcclSender)])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from rlhf.loops.rl import combine
-from rlhf.rollout.vllm import logprob_mismatch
+from rlhf.algos.kl import logprob_mismatch
 from rlhf.workers.train import _StatSums
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from rlhf.spec.memory import DTYPE_BYTES, GB, lora_param_count, param_count
+from rlhf.plan.memory import DTYPE_BYTES, GB, lora_param_count, param_count
 from rlhf.spec.runspec import RunSpec
 
 # A run needing more than this share of the free space does not fit (the metrics, logs, tracking
@@ -199,7 +199,7 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
     LoRA (with all of them)."""
     from itertools import combinations
 
-    from rlhf.spec.advice import apply, lora_overrides
+    from rlhf.plan.advice import apply, lora_overrides
 
     ck = spec.checkpoint
     single = []
@@ -223,11 +223,11 @@ def _candidates(spec: RunSpec) -> list[list[str]]:
 
 def suggestions(spec: RunSpec, available: int) -> list[tuple[tuple[str, ...], float]]:
     """``[(overrides, GB)]``: settings that make the run's disk need fit ``available`` bytes, each
-    built as a spec (``rlhf.spec.advice.apply``: validation and ``auto`` included) and planned
+    built as a spec (``rlhf.plan.advice.apply``: validation and ``auto`` included) and planned
     again; none that makes a GPU figure that fitted stop fitting. Cheapest first; a combination
     only where none of its parts fits alone."""
-    from rlhf.spec.advice import apply
-    from rlhf.spec.memory import estimate, over_limit
+    from rlhf.plan.advice import apply
+    from rlhf.plan.memory import estimate, over_limit
 
     was_over = set(over_limit(spec, estimate(spec)))
     out: list[tuple[tuple[str, ...], float]] = []

@@ -4,7 +4,7 @@
 
 It shows what differs from the defaults, the batch math, which device holds which role, the
 memory per GPU by phase (hybrid) or role (disaggregated) with the parts that make it up, the disk
-the checkpoints and the final export take under output_dir (``rlhf.spec.disk``), and warnings: a
+the checkpoints and the final export take under output_dir (``rlhf.plan.disk``), and warnings: a
 figure that will not fit (with what to change), vLLM weights that leave no KV cache, idle devices.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.spec.advice import merge_overrides, setting_that_fits, suggestions
-from rlhf.spec import disk, memory
-from rlhf.spec.memory import (
+from rlhf.plan.advice import merge_overrides, setting_that_fits, suggestions
+from rlhf.plan import disk, memory
+from rlhf.plan.memory import (
     HOST,
-    TRAINING_FIGURES,
+    training_figure,
     Estimate,
     estimate,
     fits,
@@ -47,13 +47,13 @@ def _parts(parts: dict[str, float]) -> str:
 
 def _advice(spec: RunSpec, est: Estimate, name: str) -> str:
     """What to change when the figure ``name`` does not fit: settings checked by building them
-    (rlhf.spec.advice), each with the figure it gives."""
+    (rlhf.plan.advice), each with the figure it gives."""
     tips = []
     for s in suggestions(spec, est, name):
         tips.append(f"{' '.join(s.overrides)} ({'fits, ' if s.fits else ''}{s.total:.0f} GB)")
     if tips:
         return "Try " + "; ".join(tips) + "."
-    if name in TRAINING_FIGURES and not min_gpus(spec, est, name):
+    if training_figure(name) and not min_gpus(spec, est, name):
         return "Use a smaller model or sequence length: activations and runtime alone do not fit."
     if name == HOST:
         if max(est.host, key=est.host.get) == "model loading":
@@ -103,7 +103,7 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             f"! {idle} of {lay.total_devices} devices hold no role (idle): raise the per-role counts "
             "(placement.actor, placement.rollout.engines, ...) or use placement=hybrid."
         )
-    if lay.mode == "hybrid" and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
+    if lay.one_pool and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
         spare = lay.total_devices - len(lay.engines) * lay.rollout_tp
         out.append(
             f"! {spare} devices run no rollout engine (placement.rollout.engines={len(lay.engines)} × "
@@ -188,7 +188,7 @@ def fitting_setting(spec: RunSpec, est: Estimate, available: Optional[int],
 
 
 def _decisions(spec: RunSpec) -> list[str]:
-    """One line per value the build chose (rlhf.spec.auto), with its reason."""
+    """One line per value the build chose (rlhf.plan.auto), with its reason."""
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
         "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",
@@ -266,14 +266,14 @@ def render_plan(spec: RunSpec) -> str:
     lines.extend(_decisions(spec))
 
     lines.append(f"placement ({lay.mode}, {lay.total_devices} device{'s' if lay.total_devices > 1 else ''}):")
-    if lay.mode == "hybrid":
+    if lay.one_pool:
         trained = [r for r in spec.roles if r != "rollout"]
         shards = f" (ZeRO-{spec.train.zero_stage} shards)" if spec.train.zero_stage == 3 else ""
         lines.append(f"  device {ranges(tuple(range(lay.total_devices)))}: {', '.join(trained)}{shards}")
     else:
-        for role in spec.roles:
-            if role != "rollout":
-                lines.append(f"  device {ranges(lay.roles[role])}: {role}")
+        for pool in lay.pools:
+            if "rollout" not in pool:
+                lines.append(f"  device {ranges(lay.roles[pool[0]])}: {', '.join(pool)}")
     shown: list[Any] = list(enumerate(lay.engines))
     if len(shown) > 4:
         shown = shown[:2] + [None] + shown[-1:]

@@ -5,8 +5,9 @@ fit and to show where the memory goes, not to predict the allocator to the megab
 training figures are calibrated against peaks measured on an H200 (docs/memory.md, "measured vs
 planned").
 
-Hybrid placement has two phases on every GPU (training, generation); disaggregated placement has
-one figure per role, for the GPUs of that role. ``estimate`` returns both kinds as
+Hybrid placement (one pool of every role) has two phases on every GPU (training, generation);
+otherwise there is one figure per pool of roles that share devices (disaggregated: per role,
+``actor``; a placement whose actor and reference share: ``actor + reference``), for one of its GPUs. ``estimate`` returns both kinds as
 ``{name: {part: GB}}`` so the plan and the tests read them the same way, and the host memory of
 the busiest node as ``Estimate.host`` (GPU runs whose hardware states its host memory).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.schema import ModelSpec
 
@@ -23,8 +25,6 @@ GB = 1e9
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # Runtime overhead per GPU process: CUDA context, NCCL buffers, cuBLAS workspace.
 CUDA_OVERHEAD_GB = 2.0
-# A sleeping vLLM engine (sleep level 1) keeps its CUDA context and CUDA-graph pool.
-VLLM_ASLEEP_GB = 1.0
 # Plans above this share of device memory are reported as not fitting.
 FIT_MARGIN = 0.95
 # What PyTorch's caching allocator and DeepSpeed reserve beyond the tensors listed, as a share of
@@ -35,8 +35,9 @@ FIT_MARGIN = 0.95
 # room: the allocator takes new segments before reusing freed ones of the wrong size, and releases
 # them when memory runs short; the allocated peaks (now logged) tell those apart (docs/memory.md).
 ALLOCATOR_SLACK = 0.05
-# parts that are not the training processes' tensors: no slack on them
-NO_SLACK = ("runtime", "vLLM asleep", "vLLM (awake)", "vLLM weights", "vLLM KV cache + activations")
+# parts that are not the training processes' tensors: no slack on them (nor on the rollout
+# engines' parts, which their kinds name: rlhf.rollout.registry.EngineKind.memory_parts)
+NO_SLACK = ("runtime",)
 # Bytes a Qwen2/Llama decoder layer keeps per token for the backward pass at 16 bits, as
 # a·h + b·I + c·kv + d·heads (kv = h/H·K), with HF's own layers: two RMSNorms at 8h each (the fp32
 # upcast 4h, the normalised bf16 2h, the scaled output 2h); attention 4h + 4·kv + 4·heads (q and the
@@ -86,16 +87,19 @@ STEP_BYTES_FP32 = 4
 # The training figures (hybrid's training phase, or a training role's GPU).
 TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
 
+
+def training_figure(name: str) -> bool:
+    """A training figure: hybrid's training phase, a training role's, or a pool of them (``actor + reference``)."""
+    return name in TRAINING_FIGURES or all(part in TRAINING_FIGURES[1:] for part in name.split(" + "))
+
 # ---- host memory (per node)
 HOST = "host memory"
 # Plans above this share of a node's memory do not fit (the OS, page cache and Ray's object
 # store need the rest; Ray kills workers above 95 %).
 HOST_FIT_MARGIN = 0.90
-# Host memory of each process: a GPU worker (Python, torch, CUDA context and DeepSpeed); a vLLM
-# engine (its engine-core process and one GPU worker, model code, CUDA graphs' host side, the
-# tokenizer) plus a worker per further tensor-parallel GPU; the driver with Ray's own processes.
+# Host memory of each process: a GPU worker (Python, torch, CUDA context and DeepSpeed); the
+# driver with Ray's own processes. A rollout engine's is its kind's (EngineKind.host_gb).
 HOST_PROCESS_GB = 4.0
-HOST_VLLM_ENGINE_GB = 8.0
 HOST_DRIVER_GB = 4.0
 # ZeRO-Offload keeps fp32 master weights, Adam's m and v and fp32 gradients on the host.
 HOST_OFFLOAD_BYTES = 16
@@ -292,14 +296,6 @@ def fits(spec: RunSpec, est: Estimate | None = None) -> bool:
     return not over_limit(spec, est or estimate(spec))
 
 
-def _vllm_parts(spec: RunSpec, p_policy: int) -> dict[str, float]:
-    """vLLM on one GPU: weights / TP, and its KV cache + activations filling the rest of its share."""
-    hw, m = spec.hardware, spec.model
-    weights = DTYPE_BYTES[m.dtype] * p_policy / spec.layout.rollout_tp / GB
-    share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-    return {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
-
-
 def estimate(spec: RunSpec) -> Estimate:
     """Per-device memory of a built spec, for each phase (hybrid) or role (disaggregated), and
     the host memory of the busiest node (GPU runs with ``hardware.host_memory_gb``)."""
@@ -336,16 +332,17 @@ def estimate(spec: RunSpec) -> Estimate:
     critic_work = {**buffers("critic", p_value), "critic activations": activations_gb(m, tokens)} if has_critic else {}
     # RL with LoRA: the reference is the policy with its adapters disabled, so on the actor's GPUs
     # (hybrid) it needs no weights of its own.
-    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
+    shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
     has_reference = "reference" in spec.roles and not shared_reference
     reference = {"reference weights": frozen_model_gb(p_policy, lay.world_size("reference"), z, m.dtype)} \
         if has_reference else {}
     reward = {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)} \
         if "reward" in spec.roles else {}
     rollout = "rollout" in spec.roles
+    engine = engines.kind(spec) if rollout else None
 
     est = Estimate(mode=pl.mode)
-    if pl.mode == "hybrid":
+    if lay.one_pool:
         # Every GPU holds every role; one phase runs at a time. The actor's and the critic's
         # updates run at the same time, and each process keeps its cached blocks until the
         # phase ends (the reference's forward pass too), so all of them add up.
@@ -365,13 +362,10 @@ def estimate(spec: RunSpec) -> Estimate:
             dropped = update if sum(ref_phase.values()) > sum(update.values()) else ref_phase
             train_phase = {k: v for k, v in train_phase.items() if k not in dropped}
         if rollout and cuda:
-            if pl.sleep_rollout:
-                train_phase["vLLM asleep"] = VLLM_ASLEEP_GB
-            else:
-                train_phase["vLLM (awake)"] = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+            train_phase.update(engine.resident_while_training(spec, p_policy))
         est.figures["training phase"] = train_phase
         if rollout:
-            gen = _vllm_parts(spec, p_policy) if cuda else {}
+            gen = engine.gpu_memory(spec, p_policy) if cuda else {}
             if pl.offload_train_state:
                 # DeepSpeed moves what its optimizer holds (rlhf.workers.sync_cuda.TrainStates);
                 # frozen weights stay: the reference's and the reward model's (rlhf.workers.schedule),
@@ -395,21 +389,33 @@ def estimate(spec: RunSpec) -> Estimate:
             est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, chunk, lm_head=False),
                                      **runtime}
         if rollout:
-            est.figures["rollout"] = {**(_vllm_parts(spec, p_policy) if cuda else {}), **runtime}
+            est.figures["rollout"] = {**(engine.gpu_memory(spec, p_policy) if cuda else {}), **runtime}
+        for pool in lay.pools:  # roles that share devices: one figure, their parts added up
+            if len(pool) > 1:
+                shared: dict[str, float] = {}
+                for r in pool:
+                    for k, v in est.figures.pop(r, {}).items():
+                        shared[k] = v if k == "runtime" else shared.get(k, 0.0) + v
+                est.figures[" + ".join(pool)] = shared
     if cuda:
-        est.figures = {name: with_slack(parts) for name, parts in est.figures.items()}
+        est.figures = {name: with_slack(parts, no_slack(spec)) for name, parts in est.figures.items()}
         if hw.host_memory_gb > 0:
             est.host = host_gb(spec)
     return est
 
 
-def with_slack(parts: dict[str, float]) -> dict[str, float]:
+def no_slack(spec: RunSpec) -> tuple[str, ...]:
+    """The parts no allocator slack is added to: the runtime and the rollout engine's parts."""
+    return NO_SLACK + (engines.kind(spec).memory_parts() if "rollout" in spec.roles else ())
+
+
+def with_slack(parts: dict[str, float], exempt: tuple[str, ...] = NO_SLACK) -> dict[str, float]:
     """``parts`` with "allocator slack" (ALLOCATOR_SLACK of the training processes' tensors)
-    before the runtime and vLLM parts."""
-    tensors = {k: v for k, v in parts.items() if k not in NO_SLACK}
+    before the ``exempt`` parts (the runtime, the rollout engine's)."""
+    tensors = {k: v for k, v in parts.items() if k not in exempt}
     if not tensors:
         return dict(parts)
-    rest = {k: v for k, v in parts.items() if k in NO_SLACK}
+    rest = {k: v for k, v in parts.items() if k in exempt}
     return {**tensors, "allocator slack": ALLOCATOR_SLACK * sum(tensors.values()), **rest}
 
 
@@ -427,7 +433,8 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
     """Host memory of the busiest node, by part (GB):
 
     * ``runtime``: HOST_PROCESS_GB per GPU worker process (one per role per GPU it spans),
-      HOST_VLLM_ENGINE_GB per vLLM engine plus HOST_PROCESS_GB per further TP worker, and
+      what the rollout engine's kind says per engine (vLLM: HOST_VLLM_ENGINE_GB plus
+      HOST_PROCESS_GB per further TP worker; HF: HOST_PROCESS_GB), and
       HOST_DRIVER_GB for the driver and Ray;
     * ``model loading``: each trained role's process reads its model in float32 (4 B/param),
       each frozen one in the training dtype; counted whole although a load is over once DeepSpeed
@@ -446,7 +453,7 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
     p_lora = lora_param_count(m)
     trained = {"actor": p_lora or p_policy, "critic": p_value}
     full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value}
-    shared_reference = p_lora > 0 and pl.mode == "hybrid" and spec.algo.kind == "rl"
+    shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
     best: dict[str, float] = {}
     for node in range(nodes):
         runtime = HOST_DRIVER_GB if node == 0 else 0.0
@@ -465,17 +472,16 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
                 if train.offload_optimizer:
                     offloaded += HOST_OFFLOAD_BYTES * p / n * ranks
                 # hybrid's schedule moves them out around generation only (no rollout: never)
-                if pl.mode == "hybrid" and pl.offload_train_state is True and train.zero_stage >= 1 and \
-                        "rollout" in spec.roles:
+                if lay.rollout_beside_training and pl.offload_train_state is True and train.zero_stage >= 1:
                     # a LoRA policy's frozen base weights are not the optimizer's: they stay on the GPU
                     parts = trained_model_gb(p, n, train.zero_stage, train.offload_optimizer, m.dtype)
                     states += (sum(parts.values()) + b * ZERO_REDUCE_BUCKET / GB) * ranks * GB
             elif not (role == "reference" and shared_reference):
                 load += b * full[role] * ranks
-        for engine in lay.engines:
-            here = _per_node(engine, per_node).get(node, 0)
+        for devs in lay.engines:
+            here = _per_node(devs, per_node).get(node, 0)
             if here:
-                runtime += HOST_VLLM_ENGINE_GB + HOST_PROCESS_GB * (here - 1)
+                runtime += engines.kind(spec).host_gb(spec, here, HOST_PROCESS_GB)
         parts = {"runtime": runtime, "model loading": load / GB}
         if offloaded:
             parts["optimizer (offloaded)"] = offloaded / GB
@@ -501,21 +507,22 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
     trained = 2 * b + (0 if off else (12 if b == 2 else 8)) + step  # bytes per parameter
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     hybrid = name == "training phase"
+    pool = name.split(" + ")  # the roles of a figure (one, or a pool's)
     parts = est.figures[name]
     # DPO's training phase holds its reference or its update's working set (estimate): the side it kept
     one_side = hybrid and spec.algo.kind == "dpo" and "reference" in spec.roles
     actor_trained = trained - step if one_side and "actor optimizer step" not in parts else trained
     sharded = 0.0
-    if hybrid or name == "actor":
+    if hybrid or "actor" in pool:
         p_lora = lora_param_count(m)  # LoRA: frozen weights plus trained adapters
         sharded += b * p_policy + actor_trained * p_lora if p_lora else actor_trained * p_policy
-    if (hybrid and "critic" in spec.roles) or name == "critic":
+    if (hybrid and "critic" in spec.roles) or "critic" in pool:
         sharded += trained * p_value
     shared_reference = lora_param_count(m) > 0 and spec.algo.kind == "rl"
     reference_kept = not one_side or "reference weights" in parts
-    if (hybrid and "reference" in spec.roles and not shared_reference and reference_kept) or name == "reference":
+    if (hybrid and "reference" in spec.roles and not shared_reference and reference_kept) or "reference" in pool:
         sharded += b * p_policy
-    if (hybrid and "reward" in spec.roles) or name == "reward":
+    if (hybrid and "reward" in spec.roles) or "reward" in pool:
         sharded += b * p_value
     # the unsharded parts are the current stage's (at ZeRO-2 the whole head's log-prob pass and
     # ZeRO-2's buffers, where ZeRO-3 would have its own): "about", as the docstring says
@@ -523,19 +530,5 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
                 if not k.endswith(("weights", "grads", "optimizer", "optimizer step")) and k != "allocator slack")
     # the slack grows with the sharded states too: room for (1 + slack) times them
     slack = ALLOCATOR_SLACK if "allocator slack" in parts else 0.0
-    room = capacity(spec, name) - fixed - slack * (fixed - sum(parts.get(k, 0.0) for k in NO_SLACK))
+    room = capacity(spec, name) - fixed - slack * (fixed - sum(parts.get(k, 0.0) for k in no_slack(spec)))
     return math.ceil(sharded * (1 + slack) / GB / room) if room > 0 else 0
-
-
-def min_tensor_parallel(spec: RunSpec) -> int:
-    """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
-    share for the KV cache; 0 if none does."""
-    from rlhf.spec.validate import tp_splits_heads
-
-    m, hw = spec.model, spec.hardware
-    share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-    weights = DTYPE_BYTES[m.dtype] * param_count(m) / GB
-    for tp in range(1, hw.devices_per_node + 1):
-        if hw.devices_per_node % tp == 0 and tp_splits_heads(m, tp) and weights / tp <= share / 2:
-            return tp
-    return 0

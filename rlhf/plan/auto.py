@@ -27,7 +27,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
-from rlhf.spec.memory import HOST, TRAINING_FIGURES, Estimate, capacity, estimate
+from rlhf.rollout import registry as engines
+from rlhf.plan.memory import HOST, Estimate, capacity, estimate, training_figure
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
 from rlhf.spec.tokens import micro_batch_tokens
@@ -41,7 +42,7 @@ def _what(name: str) -> str:
 
 def worst_training_figure(est: Estimate) -> tuple[str, float]:
     """The training figure (hybrid training phase, or a training role) with the most GB."""
-    totals = {k: v for k, v in est.totals.items() if k in TRAINING_FIGURES}
+    totals = {k: v for k, v in est.totals.items() if training_figure(k)}
     name = max(totals, key=totals.get)
     return name, totals[name]
 
@@ -56,9 +57,9 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
                                                                    spec.data, spec.rollout)
         out.append(Decision("train.max_tokens_per_micro_batch", None, train.max_tokens_per_micro_batch, why))
     if spec.rollout.seeded is None:
-        spec.rollout.seeded = spec.rollout_engine == "hf"
+        spec.rollout.seeded = engines.kind(spec).seeded
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
-                            "" if spec.rollout.seeded else "vLLM samples unseeded requests in one batch"))
+                            "" if spec.rollout.seeded else f"{spec.rollout_engine} samples unseeded requests in one batch"))
     if spec.model.liger_kernels == AUTO:
         spec.model.liger_kernels, why = _liger(spec)
         out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))
@@ -179,7 +180,7 @@ def _train_state(spec: RunSpec) -> list[Decision]:
     pl = spec.placement
     if pl.offload_train_state != AUTO:
         return []
-    if not (pl.mode == "hybrid" and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
+    if not (spec.layout.one_pool and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
         pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
         return [Decision("placement.offload_train_state", AUTO, True, "")]
     cap = capacity(spec, "generation phase")  # every GPU figure's

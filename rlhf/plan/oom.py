@@ -33,16 +33,16 @@ def is_cuda_oom(e: BaseException) -> bool:
 
 def oom_message(spec: RunSpec, phase: str) -> str:
     """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``: the settings are the
-    plan's own checked suggestions (rlhf.spec.advice) that lower that phase's figure."""
-    from rlhf.spec.advice import suggestions
-    from rlhf.spec.memory import estimate
+    plan's own checked suggestions (rlhf.plan.advice) that lower that phase's figure."""
+    from rlhf.plan.advice import suggestions
+    from rlhf.plan.memory import estimate
 
     est = estimate(spec)
     generation = phase == "generate"
-    if spec.placement.mode == "hybrid":  # the weight sync wakes vLLM: its share is what grows
-        figure = "generation phase" if generation or phase == "sync" else "training phase"
+    if spec.layout.one_pool:  # the weight sync wakes the engines: their share is what grows
+        figure = spec.layout.figure("rollout", generating=generation or phase == "sync")
     else:
-        figure = "rollout" if generation else ROLE_OF_PHASE.get(phase, "actor")
+        figure = spec.layout.figure("rollout" if generation else ROLE_OF_PHASE.get(phase, "actor"))
     planned = est.total(figure) if figure in est.figures else None
     tips = [" ".join(s.overrides) for s in suggestions(spec, est, figure)
             if planned is None or s.total < planned - 0.05][:3]

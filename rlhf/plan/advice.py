@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
-from rlhf.spec.memory import (
+from rlhf.rollout import registry as engines
+from rlhf.plan.memory import (
     DTYPE_BYTES,
     GB,
     HOST,
-    TRAINING_FIGURES,
+    training_figure,
     Estimate,
     capacity,
     estimate,
@@ -176,12 +177,12 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         total = spec.layout.total_devices
         for n in (2 * total, 4 * total, 8 * total):
             out.append(_more_devices(spec, n) + ["#devices"])
-    elif name in TRAINING_FIGURES:
+    elif training_figure(name):
         pinned = [k for k in ("train.zero_stage", "train.offload_optimizer") if k not in decided]
         auto = apply(spec, [f"{k}=auto" for k in pinned]) if pinned else None
         if auto is not None:  # what auto would pick instead of the pinned values
             out.append([f"{k}={_fmt(_get(auto, k))}" for k in pinned if _get(auto, k) != _get(spec, k)])
-        if pl.mode == "hybrid" and not pl.sleep_rollout and "rollout" in spec.roles:
+        if spec.layout.rollout_beside_training and not pl.sleep_rollout:
             out.append(["placement.sleep_rollout=true"])
         if name in ("training phase", "actor", "critic"):
             if not m.gradient_checkpointing:
@@ -205,14 +206,12 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         for n in (target, 2 * target, 4 * target):
             out.append(_more_devices(spec, n) + ["#devices"])
     else:  # generation phase / rollout
-        from rlhf.spec.memory import min_tensor_parallel
-
         weights = est.figures[name].get("vLLM weights", 0.0)
         share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
-        tp = min_tensor_parallel(spec) if weights > share / 2 else 0
+        tp = engines.kind(spec).min_tensor_parallel(spec) if weights > share / 2 else 0
         if tp > spec.layout.rollout_tp:
             out.append([f"placement.rollout.tensor_parallel={tp}"])
-            if pl.mode == "disaggregated":  # the engines' GPUs come out of the others': more in all
+            if not spec.layout.one_pool:  # the engines' GPUs come out of the others': more in all
                 for n in (2, 4):
                     out.append(_more_devices(spec, n * spec.layout.total_devices)
                                + [f"placement.rollout.tensor_parallel={tp}", "#tp-devices"])
@@ -220,7 +219,7 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             full = DTYPE_BYTES[m.dtype] * param_count(m) / GB
             need = 1 << max(math.ceil(full / (share / 2)) - 1, 0).bit_length()
             out.append(_hardware(spec, hw.nodes, need) + [f"placement.rollout.tensor_parallel={need}"])
-        if pl.mode == "hybrid" and pl.offload_train_state is False and "placement.offload_train_state" not in decided:
+        if spec.layout.rollout_beside_training and pl.offload_train_state is False and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=true"])
         u = spec.rollout.gpu_memory_utilization
         for tenth in range(math.ceil(u * 10) - 1, 0, -1):  # the largest share that fits and leaves KV room

@@ -1,0 +1,81 @@
+"""What the plan, the launcher and the schedule know of the vLLM engine (``rlhf.rollout.vllm``)
+before starting it; no torch, no vLLM. The formulas are in docs/memory.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from rlhf.rollout.registry import DTYPE_BYTES, GB, EngineKind, register_engine
+
+if TYPE_CHECKING:
+    from rlhf.rollout.engine import RolloutEngine
+    from rlhf.spec.runspec import RunSpec
+
+# A sleeping vLLM engine keeps its CUDA context and CUDA-graph pool.
+VLLM_ASLEEP_GB = 1.0
+# Host memory of an engine: its engine-core process and one GPU worker (model code, CUDA graphs'
+# host side, the tokenizer); a further TP worker is a plain GPU process.
+HOST_VLLM_ENGINE_GB = 8.0
+PARTS = ("vLLM asleep", "vLLM (awake)", "vLLM weights", "vLLM KV cache + activations")
+
+
+@register_engine
+class VLLMKind(EngineKind):
+    """vLLM (``rlhf.rollout.vllm.VLLMEngine``): GPU only, sleeps between phases, takes weights
+    over CUDA IPC (sharing the trainer's GPUs) or NCCL; a TP > 1 engine runs vLLM's Ray executor
+    on the bundles of its GPUs."""
+
+    name = "vllm"
+    accelerators = ("cuda",)
+    auto_on = ("cuda",)
+    seeded = False  # vLLM's batch shapes change its kernels' sums: samples depend on their batch
+    sleeps = True
+    device_weights = True
+    dead_errors = ("EngineDeadError", "AsyncEngineDeadError")  # the engine core process is gone
+
+    def death(self, error: str) -> str:
+        return f"vLLM's engine core stopped ({error}; the engine's log above has the cause)"
+
+    def create(self, spec: RunSpec, tokenizer: Any, device: str, settings: dict[str, Any]) -> RolloutEngine:
+        from rlhf.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(spec, tokenizer, **settings)
+
+    def gpu_memory(self, spec: RunSpec, params: int) -> dict[str, float]:
+        """Weights / TP, and its KV cache + activations filling the rest of its share."""
+        weights = DTYPE_BYTES[spec.model.dtype] * params / spec.layout.rollout_tp / GB
+        share = spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb
+        return {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
+
+    def resident_while_training(self, spec: RunSpec, params: int) -> dict[str, float]:
+        if spec.placement.sleep_rollout:
+            return {"vLLM asleep": VLLM_ASLEEP_GB}
+        return {"vLLM (awake)": spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb}
+
+    def host_gb(self, spec: RunSpec, gpus_on_node: int, process_gb: float) -> float:
+        return HOST_VLLM_ENGINE_GB + process_gb * (gpus_on_node - 1)
+
+    def memory_parts(self) -> tuple[str, ...]:
+        return PARTS
+
+    def min_tensor_parallel(self, spec: RunSpec) -> int:
+        """The smallest TP (dividing a node and the heads) at which vLLM's weights leave half its
+        share for the KV cache; 0 if none does."""
+        from rlhf.plan.memory import param_count
+        from rlhf.placement.layout import tp_splits_heads
+
+        m, hw = spec.model, spec.hardware
+        share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
+        weights = DTYPE_BYTES[m.dtype] * param_count(m) / GB
+        for tp in range(1, hw.devices_per_node + 1):
+            if hw.devices_per_node % tp == 0 and tp_splits_heads(m, tp) and weights / tp <= share / 2:
+                return tp
+        return 0
+
+    def launch_settings(self, spec: RunSpec, bundles: tuple[int, ...], share: float) -> Optional[dict[str, Any]]:
+        """TP > 1: vLLM's Ray executor starts one worker per TP rank on ``bundles``
+        (``VLLM_RAY_BUNDLE_INDICES``) of the worker's placement group, each taking ``share`` of its
+        GPU; the worker process holds no GPU. TP 1 runs in the worker process."""
+        if spec.layout.rollout_tp <= 1:
+            return None
+        return {"bundle_indices": bundles, "gpu_share": share}
