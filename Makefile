@@ -11,10 +11,11 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlhf-installed
 ARGS   ?=
-# Two pytest workers (pytest-xdist), whole files each (module fixtures share one run): an
+# Two pytest workers (pytest-xdist), whole files each (module fixtures share one run; tests/conftest.py
+# splits a few files and sends the longest first, by tests/durations.json): an
 # end-to-end run keeps about one core busy, so on 2 cores two of them nearly halve the suite.
 TEST_WORKERS ?= 2
-PYTEST_ARGS ?= -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST_ARGS ?= -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install run plan test test-slow clean
 

@@ -11,7 +11,8 @@ from setuptools import find_namespace_packages, find_packages, setup
 DATA_PACKAGES = {"rlhf._conf": "conf", "rlhf._recipes": "recipes"}
 
 setup(
-    # hydra_plugins.*: the hydra/launcher=parallel plugin (Hydra loads plugins only from there)
+    # hydra_plugins.*: the hydra/launcher=parallel plugin and the rlhf://recipes config source (Hydra loads
+    # plugins only from there; an editable install maps each plugin package by name, so a new one needs a reinstall)
     packages=find_packages(include=["rlhf", "rlhf.*"]) + find_namespace_packages(include=["hydra_plugins.*"])
     + list(DATA_PACKAGES),
     package_dir=DATA_PACKAGES,

@@ -53,3 +53,32 @@ def plenty_of_disk(request, monkeypatch):
 @pytest.fixture
 def real_disk():
     """The disk check sees the real ``rlhf.plan.disk.available_bytes`` (see ``plenty_of_disk``)."""
+
+
+# -- scheduling over pytest-xdist workers (`make test`: -n 2 --dist loadgroup --no-loadscope-reorder)
+#
+# A file is one unit (its module fixtures, e.g. a shared training run, are built once), except the
+# files in SPLIT, whose tests share nothing costly and are units of their own. Units go out longest
+# first, by the seconds tests/durations.json measured (scripts/suite_durations.py writes it from a
+# junit report), so that the two workers end together instead of one finishing a long file alone.
+SPLIT = {"tests/rl/test_rl_learning.py"}
+
+
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in SPLIT else path
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+    from pathlib import Path
+
+    weights_file = Path(__file__).with_name("durations.json")
+    seconds = json.loads(weights_file.read_text()) if weights_file.exists() else {}
+    units: dict[str, float] = {}
+    for item in items:
+        unit = _unit(item.nodeid)
+        units[unit] = seconds.get(unit, seconds.get(unit.split("[", 1)[0], 1.0))
+        item.add_marker(pytest.mark.xdist_group(unit))
+    order = {u: i for i, u in enumerate(sorted(units, key=lambda u: -units[u]))}
+    items.sort(key=lambda item: order[_unit(item.nodeid)])  # stable: a file keeps its own order
