@@ -138,6 +138,13 @@ def register_configs() -> None:
     from rlhf.spec.schema import register
 
     register()
+    # Hydra finds plugins by walking the hydra_plugins namespace, which misses a package of an editable
+    # install (its path hook lists nothing): the recipes' config source is registered by hand, through
+    # Plugins.register, the public call for that.
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.rlhf_recipes.recipes_source import RecipesConfigSource
+
+    Plugins.instance().register(RecipesConfigSource)
     cs = ConfigStore.instance()
     # -m hydra/launcher=parallel: jobs that fit side by side on the Ray cluster run at the same time
     cs.store(group="hydra/launcher", name="parallel", provider="rlhf",

@@ -4,6 +4,7 @@ each fails alone, with one line naming file, line and column, only when it is us
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -159,3 +160,16 @@ def test_an_override_that_does_not_parse_names_the_problem(override, problem, ca
     assert cli.main([override, "--plan"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"({problem})" in err and "https://" not in err and "at at" not in err, err
+
+
+def test_a_recipe_plans_from_outside_the_checkout(tmp_path):
+    """`rlhf-run recipe=... --plan` started in another directory: Hydra's plugin scan misses the
+    recipes' config source of an editable install, so rlhf.config registers it itself."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", "from rlhf.cli import entrypoint; entrypoint()", "recipe=grpo_tiny",
+                          "--plan"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("run: grpo"), out.stdout[:500]
