@@ -20,12 +20,21 @@ colocated with the same ``gpu_memory_utilization`` and sleep mode. Ours and TRL'
 
 Both peers select ``flash_attention_2`` for their padding-free passes; flash-attn has no build for
 this image, so ``bench/peers/shim`` (put on the peers' path only) answers those calls with
-PyTorch's FlashAttention kernels (the varlen kernel our side uses). Each side prints its settings;
-a side that fails is reported with its log's last lines, and the others still run.
+PyTorch's FlashAttention kernels (the varlen kernel our side uses). veRL 0.9.1 also patches a class
+of trl 0.27 that the bundle's TRL 1.16 no longer has; ``bench/peers/verl_shim`` (on veRL's path
+only) gives it a stand-in class (value-head models, never built in GRPO). Each side prints its
+settings; a side that fails is reported with its log's last lines, and the others still run.
+
+Start-up is long on a fresh machine (OpenRLHF: 325 s to its first step's end, of which about 170 s
+vLLM's cold compile and CUDA-graph capture and 45 s DeepSpeed's start; BENCHMARKS.md §8), so four
+sides do not fit one 600-s device call: each side's result is kept in ``--work``
+(``side_<name>.json``) and ``--report`` prints the table of every side kept there, so that the
+sides can run in successive calls on one warm machine (same model files, same prompts).
 
     python -m bench.e2e_peers                          # every side, in the order verl,openrlhf,ours,trl
     python -m bench.e2e_peers --sides verl,openrlhf    # some sides (e2e_trl's flags apply too)
     python -m bench.e2e_peers --plan                   # each side's command, nothing run
+    python -m bench.e2e_peers --report                 # the table of the sides kept in --work
 """
 
 from __future__ import annotations
@@ -62,7 +71,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="peers' micro-batches: by our token budget (--ours-tokens; their dynamic batch) or --micro samples")
     ap.add_argument("--peer-site", default=os.environ.get("PEER_SITE", "/tmp/peers/site"),
                     help="the peers' own site dir (installed there with --no-deps)")
-    ap.add_argument("--side-cap-s", type=float, default=300, help="most seconds one side may run")
+    ap.add_argument("--side-cap-s", type=float, default=420, help="most seconds one side may run")
+    ap.add_argument("--report", action="store_true",
+                    help="print the table of the sides kept in --work by earlier runs (side_<name>.json); run nothing")
     ap.add_argument("--verl-extra", default="", help="more veRL hydra overrides (space separated)")
     ap.add_argument("--openrlhf-extra", default="", help="more OpenRLHF flags (space separated)")
     ap.add_argument("-h", "--help", action="store_true")
@@ -97,11 +108,11 @@ def verl_parquet(rows: list[dict], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(recs), path)
 
 
-def peer_env(a) -> dict:
-    """The peers' processes (and their Ray workers, which inherit it): their own site dir first, then
-    the flash_attn stand-in, then the bundle and the project."""
+def peer_env(a, first: tuple = ()) -> dict:
+    """The peers' processes (and their Ray workers, which inherit it): ``first``, their own site dir,
+    then the flash_attn stand-in, then the bundle and the project."""
     env = base.child_env({})
-    parts = [a.peer_site, str(SHIM)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [*first, a.peer_site, str(SHIM)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env["WANDB_MODE"] = "disabled"
@@ -234,7 +245,7 @@ def run_verl(a, model: str, rows: list[dict], work: Path, timeout: float, sample
             first["t"] = time.time() - t0
         return len(s) >= n
 
-    end = base.run_side("verl", cmd, peer_env(a), timeout, log, done=done)
+    end = base.run_side("verl", cmd, peer_env(a, (str(ROOT / "bench" / "peers" / "verl_shim"),)), timeout, log, done=done)
     steps = verl_steps(log, samples)
     out = {"end": end, "steps": steps, "summary": base.summarize(steps, a.warmup), "first_step_s": first.get("t"),
            "settings": "python -m verl.trainer.main_ppo " + " ".join(verl_overrides(a, model, "<data>", work))}
@@ -311,6 +322,8 @@ def openrlhf_steps(log: Path, samples: int) -> list[dict]:
         t = lambda k: kv.get(f"timing/{k}", 0.0)  # noqa: E731
         rec = {"step": int(m.group(1)), "generate": t("generation"), "logp": t("make_experience"),
                "update": t("ppo_train"), "sync": t("broadcast"), "reward": 0.0}
+        # its step_total is the sum of its four timers: the experience hand-off to the actor (a Ray
+        # call), the rollout statistics and the logging between steps are in none of them
         rec["step_s"] = kv.get("timing/step_total", sum(rec[p] for p in ("generate", "logp", "update", "sync")))
         rec["other"] = rec["step_s"] - sum(rec[p] for p in ("generate", "logp", "update", "sync"))
         mean_len = kv.get("rollout/response_length_mean", 0.0)
@@ -403,6 +416,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         for line in settings_lines(a, a.model, str(work / "prompts.jsonl"), work):
             print(line)
         return 0
+    if a.report:
+        res = {s: json.loads((work / f"side_{s}.json").read_text()) for s in a.sides
+               if (work / f"side_{s}.json").exists()}
+        a.sides = [s for s in a.sides if s in res]
+        print(report(a, res))
+        return 0
     t_begin = time.time()
     deadline = t_begin + a.budget_s
     vers = base.versions()
@@ -435,6 +454,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             res[side] = run_openrlhf(a, model, str(prompts_file), work, share, samples)
         say(f"[{side}] {res[side].get('status')}")
+        (work / f"side_{side}.json").write_text(json.dumps(res[side], default=str))
     table = report(a, res)
     print("\n" + table + "\n", flush=True)
     say("versions " + json.dumps(vers))

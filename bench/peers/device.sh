@@ -20,6 +20,7 @@ export RAY_ADDRESS=local RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0 HF_HUB_OFFLI
 export HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
 export RLHF_VLLM_ARGS=${RLHF_VLLM_ARGS:-'{"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}}'}
 export OUT=${OUT:-/tmp/peers/out}; mkdir -p "$OUT"
+{
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm --format=csv,noheader
 PYTHONPATH=bench/peers/shim:$PYTHONPATH python3 - <<'PY'
 # the flash_attn stand-in on the GPU path against its own float32 reference (fresh random data)
@@ -33,7 +34,8 @@ o = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True).f
 r = _varlen_reference(q.float(), k.float(), v.float(), cu.cpu(), cu.cpu(), None, -1, 0)
 print("flash_attn stand-in, varlen causal GQA bf16 vs fp32 reference: rel err %.2e" % ((o - r).norm() / r.norm()).item())
 PY
-python3 -m bench.e2e_peers "$@" 2>&1 | tee "$OUT/${tag}_log"
+python3 -m bench.e2e_peers "$@" 2>&1
+} 2>&1 | tee "$OUT/${tag}_log"
 rc=$?
 w=/tmp/rlhf-gpu/e2e_trl
 for f in verl openrlhf ours trl; do
