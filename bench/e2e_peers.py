@@ -420,6 +420,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         res = {s: json.loads((work / f"side_{s}.json").read_text()) for s in a.sides
                if (work / f"side_{s}.json").exists()}
         a.sides = [s for s in a.sides if s in res]
+        for r in res.values():  # again with this call's --warmup (--warmup 0: every step a side made)
+            r["summary"] = base.summarize(r.get("steps", []), a.warmup)
         print(report(a, res))
         return 0
     t_begin = time.time()
