@@ -143,7 +143,8 @@ ADVANTAGE_ESTIMATORS: Registry[EstimatorInfo] = Registry(
     }, EstimatorInfo)
 
 POLICY_LOSSES: Registry[PartInfo] = Registry(
-    "policy loss", "algo.policy_loss", "rlhf.algos.losses", {"clip": PartInfo()}, PartInfo)
+    "policy loss", "algo.policy_loss", "rlhf.algos.losses",
+    {name: PartInfo() for name in ("clip", "cispo", "sapo")}, PartInfo)
 
 KL_ESTIMATORS: Registry[PartInfo] = Registry(
     "KL estimator", "algo.kl.estimator", "rlhf.algos.kl", {k: PartInfo() for k in ("k1", "k2", "k3")}, PartInfo)

@@ -114,7 +114,10 @@ class RLAlgo(Frozen):
                          "normalization, Liu et al. 2025), rloo (leave-one-out baseline, Ahmadian et al. "
                          "2024), reinforce_pp / reinforce_pp_baseline (REINFORCE++, Hu 2025), or one "
                          "registered by algo.plugins.")
-    policy_loss: str = doc("clip", "Policy loss: clip (PPO's clipped surrogate, Schulman et al. 2017), or one "
+    policy_loss: str = doc("clip", "Policy loss: clip (PPO's clipped surrogate, Schulman et al. 2017), cispo "
+                           "(clipped importance weights, every token keeps a gradient; MiniMax-M1 2025; the "
+                           "weight is clipped to [1 - clip_low, 1 + clip_high]), sapo (a soft sigmoid gate on "
+                           "the ratio instead of the clip, Gao et al. 2025; algo.tau_pos / tau_neg), or one "
                            "registered by algo.plugins.")
     plugins: list[str] = docf(list, "Modules imported in the driver and every worker before the parts are "
                               "looked up; their decorators register more estimators, policy losses and KL estimators.")
@@ -131,6 +134,10 @@ class RLAlgo(Frozen):
                            "clip_low ('clip-higher', DAPO, Yu et al. 2025) keeps exploration from collapsing.")
     dual_clip: Optional[float] = doc(None, "Dual-clip constant c > 1 (Ye et al. 2020): bounds the loss of "
                                      "negative-advantage tokens at c*|A|; None = off.")
+    tau_pos: float = doc(1.0, "sapo: temperature of the soft gate for positive advantages; larger damps "
+                         "updates sooner as the ratio leaves 1 (SAPO's default 1.0).")
+    tau_neg: float = doc(1.05, "sapo: temperature of the soft gate for negative advantages (SAPO's default "
+                         "1.05, above tau_pos: negative updates are the less stable ones).")
     ratio_level: str = doc("token", "token: one importance ratio per token (PPO/GRPO); sequence: one per "
                            "sequence, the geometric mean of its tokens' ratios (GSPO, Zheng et al. 2025).")
     loss_agg: str = doc("token_mean", "How token losses become one number: token_mean (over all policy tokens "
@@ -153,6 +160,10 @@ class RLAlgo(Frozen):
                                          "one step. Smaller means more updates per rollout batch.")
     overlong_buffer: Optional[int] = doc(None, "DAPO soft overlong penalty: over the last this-many tokens "
                                          "before rollout.max_response_tokens the penalty grows linearly; None = off.")
+    overlong_buffer_fraction: Optional[float] = doc(None, "DAPO soft overlong penalty with the buffer as a "
+                                                    "share of rollout.max_response_tokens (DAPO: 4096 of 20480 "
+                                                    "= 0.2), rounded up, so a preset fits every length limit; "
+                                                    "set this or overlong_buffer, not both; None = off.")
     overlong_penalty: float = doc(1.0, "The overlong penalty at the length limit (reaches -overlong_penalty).")
     reward_clip: Optional[float] = doc(None, "Clip scores to [-reward_clip, reward_clip] before the "
                                        "advantages; None = off.")

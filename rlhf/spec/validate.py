@@ -53,6 +53,36 @@ def tp_splits_heads(m: Any, tp: int) -> bool:
     return m.n_heads % tp == 0 and kv_ok
 
 
+# ---- issue 34's algorithm keys (policy losses cispo / sapo, DAPO's buffer fraction; the preference
+# methods kto / orpo / simpo): one block, so the split of this module moves it whole
+
+
+def _rl_variant_problems(p: list[str], algo: RLAlgo) -> None:
+    loss = algo.policy_loss
+    if loss == "clip" and algo.clip_low >= 1:
+        p.append(f"algo.clip_low={algo.clip_low} must be < 1 with policy_loss=clip (0.2 is usual).")
+    if loss == "cispo" and algo.clip_low > 1:
+        p.append(f"algo.clip_low={algo.clip_low} must be <= 1 with policy_loss=cispo (1 = no lower bound on the "
+                 "importance weight, as MiniMax-M1).")
+    if loss in ("cispo", "sapo"):
+        if algo.ratio_level != "token":
+            p.append(f"algo.ratio_level={algo.ratio_level} applies to policy_loss=clip (GSPO); {loss} weighs "
+                     "each token by its own ratio. Set algo.ratio_level=token or algo.policy_loss=clip.")
+        if algo.dual_clip is not None:
+            p.append(f"algo.dual_clip bounds the clipped surrogate; policy_loss={loss} has none. Set "
+                     "algo.dual_clip=null.")
+    if algo.tau_pos <= 0 or algo.tau_neg <= 0:
+        p.append(f"algo.tau_pos={algo.tau_pos}, algo.tau_neg={algo.tau_neg}: SAPO's temperatures must be > 0 "
+                 "(1.0 and 1.05 are the paper's).")
+    frac = algo.overlong_buffer_fraction
+    if frac is not None:
+        if not 0 < frac <= 1:
+            p.append(f"algo.overlong_buffer_fraction={frac} must be in (0, 1] (DAPO's is 0.2), or null.")
+        if algo.overlong_buffer is not None:
+            p.append(f"algo.overlong_buffer={algo.overlong_buffer} and algo.overlong_buffer_fraction={frac} are "
+                     "both set: set one of them (the other null).")
+
+
 def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str] = None) -> list[str]:
     """Every problem of the typed sections, one message each. ``shape_from``: where the model's
     architecture numbers came from when not from its model group (``rlhf.spec.shape.shape_source``)."""
@@ -118,6 +148,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
                 f"algo.overlong_buffer={algo.overlong_buffer} must be in (0, rollout.max_response_tokens="
                 f"{rollout.max_response_tokens}]."
             )
+        _rl_variant_problems(p, algo)
     elif algo.kind == "dpo":
         _choice(p, "algo.loss_type", algo.loss_type, DPO_LOSSES)
         if algo.beta <= 0:
