@@ -191,17 +191,30 @@ class OfflineAlgo(Frozen):
 
 @dataclass
 class DPOAlgo(OfflineAlgo):
-    """Direct preference optimization (Rafailov et al. 2023) on chosen/rejected pairs."""
+    """The preference trainer: direct preference optimization (Rafailov et al. 2023) and its relatives
+    on chosen/rejected pairs, KTO on unpaired rows, ORPO and SimPO without a reference model
+    (algo=dpo|kto|orpo|simpo pick algo.loss_type and its paper's settings)."""
 
     name: str = doc("dpo", "The algorithm's name (the algo group option).")
-    kind: str = doc("dpo", "Which trainer runs: dpo; fixed per schema.")
+    kind: str = doc("dpo", "Which trainer runs: dpo (the preference trainer of dpo, kto, orpo, simpo); fixed "
+                    "per schema.")
     lr: float = _lr(5e-7)
-    beta: float = doc(0.1, "Inverse temperature of the implicit reward beta*log(pi/pi_ref): larger stays "
-                      "closer to the reference model.")
+    beta: float = doc(0.1, "dpo/kto: inverse temperature of the implicit reward beta*log(pi/pi_ref), larger "
+                      "stays closer to the reference model; simpo: the reward's scale beta*(1/|y|)log pi (2.0); "
+                      "orpo: lambda, the odds-ratio term's weight beside the SFT loss (0.1).")
     loss_type: str = doc("sigmoid", "sigmoid (DPO's logistic loss), ipo (squared loss towards 1/(2 beta), "
-                         "Azar et al. 2023) or hinge (SLiC-HF, Zhao et al. 2023).")
+                         "Azar et al. 2023), hinge (SLiC-HF, Zhao et al. 2023), kto (Ethayarajh et al. 2024: "
+                         "unpaired desirable/undesirable completions), orpo (Hong et al. 2024: SFT + odds "
+                         "ratio, no reference) or simpo (Meng et al. 2024: length-normalised margin, no "
+                         "reference); algo=kto|orpo|simpo set it.")
     label_smoothing: float = doc(0.0, "Assumed share of flipped preference labels (cDPO); 0 = trust the labels.")
-    reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its start.")
+    reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its "
+                               "start. orpo and simpo need it true (they have no reference term).")
+    gamma: float = doc(1.0, "simpo: the target reward margin gamma between chosen and rejected (the paper's "
+                       "gamma/beta of about 0.5).")
+    desirable_weight: float = doc(1.0, "kto: lambda_D, the weight of desirable examples' loss; the paper keeps "
+                                  "lambda_D n_D / (lambda_U n_U) in [1, 4/3].")
+    undesirable_weight: float = doc(1.0, "kto: lambda_U, the weight of undesirable examples' loss.")
 
 
 @dataclass
@@ -380,7 +393,10 @@ class DataSpec(Frozen):
     eval_files: list[str] = docf(list, "Evaluation files, in the same forms as train_files.")
     weights: Optional[list[float]] = doc(None, "Mixing weights, one per train file; None = concatenate.")
     prompt_key: str = doc("prompt", "The column holding the prompt.")
-    response_key: str = doc("response", "sft: the column holding the target response.")
+    response_key: str = doc("response", "sft: the column holding the target response; kto: the completion of "
+                            "an unpaired row.")
+    label_key: str = doc("label", "kto: the column holding an unpaired row's label, true (desirable) or false "
+                         "(undesirable); rows with chosen/rejected give one of each instead.")
     chosen_key: str = doc("chosen", "rm/dpo: the column holding the preferred response.")
     rejected_key: str = doc("rejected", "rm/dpo: the column holding the dispreferred response.")
     messages_key: str = doc("messages", "The column holding a chat (a list of role/content messages).")

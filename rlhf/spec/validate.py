@@ -12,6 +12,8 @@ from rlhf.algos.registry import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE_LOSSES,
     EstimatorInfo,
     Registry,
     plugin_problem,
@@ -83,6 +85,21 @@ def _rl_variant_problems(p: list[str], algo: RLAlgo) -> None:
                      "both set: set one of them (the other null).")
 
 
+def _preference_problems(p: list[str], algo: Any) -> None:
+    method = algo.loss_type
+    if method in REFERENCE_FREE_LOSSES and not algo.reference_free:
+        p.append(f"algo.loss_type={method} has no reference term: set algo.reference_free=true (algo={method} does).")
+    if method == "kto" and algo.reference_free:
+        p.append("algo.loss_type=kto measures rewards against the reference model: set algo.reference_free=false.")
+    if algo.label_smoothing > 0 and method != "sigmoid":
+        p.append(f"algo.label_smoothing={algo.label_smoothing} applies to loss_type=sigmoid (cDPO) only: set it to 0.")
+    if method == "simpo" and algo.gamma < 0:
+        p.append(f"algo.gamma={algo.gamma} must be >= 0 (SimPO's target margin; 1.0 with beta 2.0 is usual).")
+    if method == "kto" and (algo.desirable_weight <= 0 or algo.undesirable_weight <= 0):
+        p.append(f"algo.desirable_weight={algo.desirable_weight}, algo.undesirable_weight={algo.undesirable_weight}: "
+                 "both must be > 0 (1.0 each is KTO's default).")
+
+
 def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str] = None) -> list[str]:
     """Every problem of the typed sections, one message each. ``shape_from``: where the model's
     architecture numbers came from when not from its model group (``rlhf.spec.shape.shape_source``)."""
@@ -150,7 +167,8 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
             )
         _rl_variant_problems(p, algo)
     elif algo.kind == "dpo":
-        _choice(p, "algo.loss_type", algo.loss_type, DPO_LOSSES)
+        _choice(p, "algo.loss_type", algo.loss_type, PREFERENCE_LOSSES)
+        _preference_problems(p, algo)
         if algo.beta <= 0:
             p.append(f"algo.beta={algo.beta} must be > 0 (0.1 is usual).")
         if not 0 <= algo.label_smoothing < 0.5:

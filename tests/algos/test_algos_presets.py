@@ -1,4 +1,5 @@
-"""The RL presets by name (conf/algo/dapo|gspo|cispo|sapo.yaml): each composes, validates and plans
+"""The presets by name (RL: conf/algo/dapo|gspo|cispo|sapo.yaml; preference: kto|orpo|simpo.yaml): each
+composes, validates and plans
 as `rlhf-run algo=<name> --plan`, sets what its comment says, and names its paper; the keys they
 brought (cispo/sapo settings, DAPO's buffer fraction) are validated with one clear line each."""
 
@@ -25,7 +26,13 @@ PRESETS = {
     "sapo": {"estimator": "grpo", "policy_loss": "sapo", "tau_pos": 1.0, "tau_neg": 1.05,
              "loss_agg": "seq_mean_token_mean", "kl.coef": 0.0},
 }
-PAPERS = {"dapo": "Yu et al. 2025", "gspo": "Zheng et al. 2025", "cispo": "MiniMax-M1", "sapo": "Gao et al. 2025"}
+PAPERS = {"dapo": "Yu et al. 2025", "gspo": "Zheng et al. 2025", "cispo": "MiniMax-M1", "sapo": "Gao et al. 2025",
+          "kto": "Ethayarajh et al. 2024", "orpo": "Hong et al. 2024", "simpo": "Meng et al. 2024"}
+PREFERENCE = {
+    "kto": {"loss_type": "kto", "beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0, "reference_free": False},
+    "orpo": {"loss_type": "orpo", "beta": 0.1, "reference_free": True},
+    "simpo": {"loss_type": "simpo", "beta": 2.0, "gamma": 1.0, "reference_free": True},
+}
 
 
 def _get(obj, dotted: str):
@@ -46,6 +53,21 @@ def test_preset_composes_plans_and_sets_what_it_says(name, capsys):
     assert cli.main([f"algo={name}", "--plan"]) == 0
     assert name in capsys.readouterr().out
     assert PAPERS[name] in (CONF / f"{name}.yaml").read_text()  # documented with its paper
+
+
+@pytest.mark.parametrize("name", sorted(PREFERENCE))
+def test_preference_preset_composes_plans_and_sets_what_it_says(name, capsys):
+    from rlhf import cli
+
+    args = [f"algo={name}", "data.train_files=[builtin:keymap-preference/train]"]
+    spec = planned_spec(args)
+    assert spec.algo.name == name and spec.algo.kind == "dpo"
+    for key, want in PREFERENCE[name].items():
+        assert _get(spec.algo, key) == want, key
+    assert ("reference" in spec.roles) == (name == "kto")  # orpo and simpo have no reference term
+    assert cli.main([*args, "--plan"]) == 0
+    assert f"algorithm: {name}" in capsys.readouterr().out
+    assert PAPERS[name] in (CONF / f"{name}.yaml").read_text()
 
 
 def test_dapo_buffer_follows_the_length_limit():
@@ -69,6 +91,13 @@ def test_dapo_buffer_follows_the_length_limit():
     (["algo=grpo", "algo.clip_low=1.0"], "must be < 1 with policy_loss=clip"),
     (["algo=dapo", "algo.overlong_buffer=2"], "both set"),
     (["algo=dapo", "algo.overlong_buffer_fraction=1.5"], "must be in (0, 1]"),
+    (["algo=simpo", "algo.reference_free=false"], "algo.loss_type=simpo has no reference term"),
+    (["algo=dpo", "algo.loss_type=orpo"], "algo.loss_type=orpo has no reference term"),
+    (["algo=kto", "algo.reference_free=true"], "algo.loss_type=kto measures rewards against the reference"),
+    (["algo=kto", "algo.label_smoothing=0.1"], "applies to loss_type=sigmoid (cDPO) only"),
+    (["algo=simpo", "algo.gamma=-1"], "SimPO's target margin"),
+    (["algo=kto", "algo.undesirable_weight=0"], "both must be > 0"),
+    (["algo=dpo", "algo.loss_type=nope"], "Choose one of: sigmoid, ipo, hinge, kto, orpo, simpo"),
 ])
 def test_new_keys_are_validated(overrides, message):
     from rlhf.spec.errors import SpecError
