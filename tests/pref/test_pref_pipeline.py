@@ -4,7 +4,7 @@
   reading the previous stage's final/hf: SFT lowers the held-out loss, the reward model ranks
   >= 90% of held-out pairs right, PPO against it raises both its score and the task's true reward.
 * DPO (recipe dpo_tiny): held-out preference accuracy >= 90%; so do KTO, ORPO and SimPO (algo=kto|orpo|simpo
-  on the same data, KTO two epochs).
+  on the same data, KTO three epochs).
 * an SFT run stopped after its first epoch and resumed from its checkpoint ends where the
   uninterrupted pipeline SFT stage ended.
 * the SFT stage (a checkpoint every 16 of its steps, both kept) writes no more checkpoints than the
@@ -146,8 +146,8 @@ def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
 
 
 # KTO, ORPO and SimPO with their conf/algo defaults on dpo_tiny's data; KTO trains on the pairs split
-# into unpaired examples (twice the units, each half a pair's signal) and needs a second epoch
-PREFERENCE_METHODS = {"kto": ["algo.epochs=2"], "orpo": [], "simpo": []}
+# into unpaired examples (twice the units, each half a pair's signal) and needs three epochs
+PREFERENCE_METHODS = {"kto": ["algo.epochs=3"], "orpo": [], "simpo": []}
 
 
 @pytest.mark.parametrize("algo", sorted(PREFERENCE_METHODS))
