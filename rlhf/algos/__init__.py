@@ -38,7 +38,8 @@ _EXPORTS = {
         "token_logprobs",
         "value_loss",
     ),
-    "preference": ("DPO_LOSS_TYPES", "bradley_terry_loss", "dpo_loss", "sft_loss"),
+    "preference": ("DPO_LOSS_TYPES", "PREFERENCE_METHODS", "REFERENCE_FREE_METHODS", "bradley_terry_loss", "dpo_loss",
+                   "kto_loss", "kto_reference_point", "log_odds", "orpo_loss", "pair_preference_loss", "simpo_loss", "sft_loss"),
     "shaping": ("last_policy_token_index", "normalize_scores", "overlong_penalty", "token_level_rewards"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -49,6 +49,8 @@ __all__ = [
     "policy_loss",
     "PolicyLossInputs",
     "clipped_policy_loss",
+    "cispo_policy_loss",
+    "sapo_policy_loss",
     "value_loss",
     "aggregation_denominator",
     "aggregate",
@@ -264,6 +266,8 @@ class PolicyLossInputs:
     dual_clip: Optional[float] = None
     ratio_level: str = "token"
     tis_cap: Optional[float] = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
 
 @register_policy_loss("clip")
@@ -272,6 +276,95 @@ def clipped_policy_loss(x: PolicyLossInputs) -> Tuple[torch.Tensor, Dict[str, to
     return policy_loss(x.logp, x.old_logp, x.advantages, x.mask, clip_low=x.clip_low, clip_high=x.clip_high,
                        dual_clip=x.dual_clip, ratio_level=x.ratio_level, rollout_logp=x.rollout_logp,
                        tis_cap=x.tis_cap)
+
+
+def _token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, keep: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(``log rho_t``, ``rho_t``) per token, 0 / 1 at masked positions, the log clamped to +-20."""
+    lr = torch.where(keep, logp - old_logp.to(logp.dtype), torch.zeros_like(logp))
+    lr = lr.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    return lr, torch.exp(lr)
+
+
+def _ratio_stats(log_ratio: torch.Tensor, keep: torch.Tensor) -> Dict[str, torch.Tensor]:
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        return {"approx_kl": masked_mean(torch.exp(lr) - 1.0 - lr, keep), "ratio_mean": masked_mean(torch.exp(lr), keep)}
+
+
+def _rollout_correction(loss: torch.Tensor, x: "PolicyLossInputs", keep: torch.Tensor,
+                        stats: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """``loss`` times the truncated importance weight of :func:`policy_loss` when ``rollout_logp`` is given."""
+    if x.rollout_logp is None:
+        return loss
+    with torch.no_grad():
+        lw = torch.where(keep, x.old_logp.to(loss.dtype) - x.rollout_logp.to(loss.dtype), torch.zeros_like(loss))
+        w = torch.exp(lw.clamp(max=_LOG_RATIO_LIMIT))
+        capped = (w > x.tis_cap) if x.tis_cap is not None else torch.zeros_like(keep)
+        if x.tis_cap is not None:
+            w = w.clamp(max=x.tis_cap)
+        stats["tis_capped_frac"] = masked_mean(capped.to(loss.dtype), keep)
+        stats["tis_weight_mean"] = masked_mean(w, keep)
+    return loss * w
+
+
+@register_policy_loss("cispo")
+def cispo_policy_loss(x: PolicyLossInputs) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+    Lightning Attention", eq. 4): clip the importance-sampling WEIGHT, not the update::
+
+        l_t = -sg[clip(rho_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(y_t)
+
+    so every token keeps a gradient ``-w_t A_t grad log pi(y_t)`` (the clipped surrogate drops tokens
+    whose ratio left the range, often the rare "fork" tokens of long reasoning). The paper sets no
+    lower bound (``clip_low = 1``: the weight's floor is 0) and tunes only ``clip_high``; aggregated
+    by ``token_mean`` its objective is the paper's ``1 / sum_i |o_i|``. The value of ``l_t`` carries
+    ``log pi`` itself, so only its gradient (and its change) is meaningful. Stats: ``clip_frac``
+    (tokens whose weight was clipped), ``clip_frac_low``, ``clip_frac_high``, ``approx_kl``,
+    ``ratio_mean`` (and the TIS stats of :func:`policy_loss` with ``rollout_logp``)."""
+    if not (0.0 <= x.clip_low <= 1.0) or x.clip_high < 0.0:
+        raise ValueError("cispo needs 0 <= clip_low <= 1 and clip_high >= 0")
+    keep = x.mask != 0
+    log_ratio, ratio = _token_ratio(x.logp, x.old_logp, keep)
+    w = ratio.detach().clamp(1.0 - x.clip_low, 1.0 + x.clip_high)
+    adv = torch.where(keep, x.advantages.to(x.logp.dtype), torch.zeros_like(x.logp))
+    loss = -w * adv * torch.where(keep, x.logp, torch.zeros_like(x.logp))
+    stats = _ratio_stats(log_ratio, keep)
+    with torch.no_grad():
+        r = ratio.detach()
+        low, high = r < 1.0 - x.clip_low, r > 1.0 + x.clip_high
+        stats["clip_frac"] = masked_mean((low | high).to(x.logp.dtype), keep)
+        stats["clip_frac_low"] = masked_mean(low.to(x.logp.dtype), keep)
+        stats["clip_frac_high"] = masked_mean(high.to(x.logp.dtype), keep)
+    loss = _rollout_correction(loss, x, keep, stats)
+    return torch.where(keep, loss, torch.zeros_like(loss)), stats
+
+
+@register_policy_loss("sapo")
+def sapo_policy_loss(x: PolicyLossInputs) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a smooth gate on the ratio
+    instead of the hard clip::
+
+        l_t = -(4 / tau) * sigmoid(tau * (rho_t - 1)) * A_t,   tau = tau_pos if A_t > 0 else tau_neg
+
+    Its gradient is ``-A_t * g_t * rho_t * grad log pi(y_t)`` with ``g_t = 4 s (1 - s)``,
+    ``s = sigmoid(tau (rho_t - 1))``: 1 on-policy (the plain policy gradient there) and decaying
+    smoothly as the ratio leaves 1, faster for the larger temperature (the paper's ``tau_neg >
+    tau_pos``: negative updates are damped sooner). Stats: ``gate_mean`` (mean ``g_t``),
+    ``approx_kl``, ``ratio_mean`` (and the TIS stats with ``rollout_logp``)."""
+    if x.tau_pos <= 0 or x.tau_neg <= 0:
+        raise ValueError("sapo needs tau_pos > 0 and tau_neg > 0")
+    keep = x.mask != 0
+    log_ratio, ratio = _token_ratio(x.logp, x.old_logp, keep)
+    adv = torch.where(keep, x.advantages.to(x.logp.dtype), torch.zeros_like(x.logp))
+    tau = torch.where(adv > 0, torch.full_like(adv, x.tau_pos), torch.full_like(adv, x.tau_neg))
+    s = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * s * adv
+    stats = _ratio_stats(log_ratio, keep)
+    with torch.no_grad():
+        sd = s.detach()
+        stats["gate_mean"] = masked_mean(4.0 * sd * (1.0 - sd), keep)
+    loss = _rollout_correction(loss, x, keep, stats)
+    return torch.where(keep, loss, torch.zeros_like(loss)), stats
 
 
 def value_loss(

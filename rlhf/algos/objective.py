@@ -17,6 +17,7 @@ Parts are looked up by name in ``rlhf.algos.registry`` after importing ``algo.pl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -31,8 +32,8 @@ from rlhf.algos.shaping import normalize_scores, overlong_penalty
 if TYPE_CHECKING:
     from rlhf.spec.schema import RLAlgo
 
-__all__ = ["Advantages", "PolicyLossTerms", "advantages", "kl_in_reward", "policy_loss_terms", "shape_scores",
-           "whiten"]
+__all__ = ["Advantages", "PolicyLossTerms", "advantages", "kl_in_reward", "overlong_buffer", "policy_loss_terms",
+           "shape_scores", "whiten"]
 
 
 # ----------------------------------------------------------------------------- the driver's half
@@ -45,6 +46,14 @@ class Advantages:
     metrics: dict[str, float]
 
 
+def overlong_buffer(algo: RLAlgo, max_response_tokens: int) -> Optional[int]:
+    """DAPO's overlong buffer in tokens: ``algo.overlong_buffer``, or ``algo.overlong_buffer_fraction``
+    of the length limit rounded up (so a preset fits any limit); None = no penalty."""
+    if algo.overlong_buffer_fraction is not None:
+        return min(max_response_tokens, math.ceil(algo.overlong_buffer_fraction * max_response_tokens))
+    return algo.overlong_buffer
+
+
 def shape_scores(algo: RLAlgo, scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
                  max_response_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
     """Scores ``[B]`` after DAPO's soft overlong penalty (``algo.overlong_buffer``; a sample cut at
@@ -52,8 +61,9 @@ def shape_scores(algo: RLAlgo, scores: torch.Tensor, mask: torch.Tensor, truncat
     clipping of ``algo.reward_normalize`` / ``algo.reward_clip``."""
     out: dict[str, float] = {}
     scores = scores.clone()
-    if algo.overlong_buffer:
-        pen = overlong_penalty(mask.sum(-1), max_response_tokens, algo.overlong_buffer, algo.overlong_penalty)
+    buffer = overlong_buffer(algo, max_response_tokens)
+    if buffer:
+        pen = overlong_penalty(mask.sum(-1), max_response_tokens, buffer, algo.overlong_penalty)
         pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
         scores = scores + pen
         out["reward/overlong_penalty"] = float(pen.mean())
@@ -133,7 +143,7 @@ def policy_loss_terms(algo: RLAlgo, logp: torch.Tensor, entropy: torch.Tensor, m
         logp=logp, old_logp=old, advantages=mb["advantages"], mask=mask,
         rollout_logp=mb.get("rollout_logp") if algo.tis_cap is not None else None,
         clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-        ratio_level=algo.ratio_level, tis_cap=algo.tis_cap))
+        ratio_level=algo.ratio_level, tis_cap=algo.tis_cap, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg))
     total = per_token
     stats: dict[str, torch.Tensor] = {}
     if algo.entropy_coef > 0:

@@ -1,17 +1,22 @@
-"""Preference-learning losses (DPO family, Bradley-Terry reward model) and SFT loss."""
+"""Preference-learning losses (DPO family; KTO, ORPO, SimPO; Bradley-Terry reward model) and SFT loss."""
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from rlhf.algos.losses import token_logprobs
+from rlhf.algos.registry import PREFERENCE_LOSSES, REFERENCE_FREE_LOSSES
 
-__all__ = ["DPO_LOSS_TYPES", "dpo_loss", "bradley_terry_loss", "sft_loss"]
+__all__ = ["DPO_LOSS_TYPES", "PREFERENCE_METHODS", "REFERENCE_FREE_METHODS", "dpo_loss", "kto_loss",
+           "kto_reference_point", "orpo_loss", "pair_preference_loss", "simpo_loss", "log_odds", "bradley_terry_loss", "sft_loss"]
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+PREFERENCE_METHODS = PREFERENCE_LOSSES  # algo.loss_type of the preference trainer
+REFERENCE_FREE_METHODS = REFERENCE_FREE_LOSSES  # need no reference model
 
 
 def dpo_loss(
@@ -77,6 +82,152 @@ def dpo_loss(
             "accuracy": (chosen_reward > rejected_reward).to(chosen_reward.dtype),
         }
     return loss, metrics
+
+
+def kto_reference_point(kl_policy_logp: torch.Tensor, kl_ref_logp: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point ``z0 = max(0, mean_j (log pi(y'_j|x_j) - log pi_ref(y'_j|x_j)))`` over
+    mismatched pairs ``(x_j, y'_j)`` (another example's completion): a batch estimate of
+    KL(pi || pi_ref), detached (Ethayarajh et al. 2024, section 4.1). A 0-d tensor."""
+    return (kl_policy_logp.detach() - kl_ref_logp.to(kl_policy_logp.dtype)).mean().clamp(min=0.0)
+
+
+def kto_loss(
+    policy_logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    desirable: torch.Tensor,
+    z0: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """KTO (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic Optimization", eq. 8)
+    on unpaired completions: with ``r = log pi(y|x) - log pi_ref(y|x)`` (summed log-probs ``[B]``)
+    and the reference point ``z0`` (:func:`kto_reference_point`)::
+
+        v(x, y) = lambda_D * sigmoid(beta (r - z0))   if y is desirable
+                = lambda_U * sigmoid(beta (z0 - r))   otherwise
+        L       = lambda_y - v(x, y)
+
+    (``lambda_D = desirable_weight``, ``lambda_U = undesirable_weight``; the paper advises
+    ``lambda_D n_D / (lambda_U n_U)`` in [1, 4/3]). Returns ``(loss [B], metrics)``: detached
+    ``reward = beta r`` and ``accuracy = [sign(r - z0) agrees with the label]`` per example."""
+    if beta <= 0:
+        raise ValueError("beta must be positive")
+    if desirable_weight < 0 or undesirable_weight < 0:
+        raise ValueError("desirable_weight and undesirable_weight must be >= 0")
+    r = policy_logp - ref_logp.to(policy_logp.dtype)
+    z = z0.to(r.dtype).detach()
+    d = desirable.to(torch.bool)
+    loss = torch.where(d, desirable_weight * (1.0 - torch.sigmoid(beta * (r - z))),
+                       undesirable_weight * (1.0 - torch.sigmoid(beta * (z - r))))
+    with torch.no_grad():
+        metrics = {"reward": beta * r.detach(), "accuracy": ((r.detach() > z) == d).to(r.dtype)}
+    return loss, metrics
+
+
+def log_odds(avg_logp: torch.Tensor) -> torch.Tensor:
+    """``log(p / (1 - p))`` of ``p = exp(avg_logp)``, ``avg_logp < 0``: ``a - log(1 - e^a)``, the
+    second term as ``log(-expm1(a))`` near 0 and ``log1p(-e^a)`` below ``-log 2`` (accurate in both).
+    ``a`` is capped at ``-1e-6`` (p = 1 has infinite odds)."""
+    a = avg_logp.clamp(max=-1e-6)
+    log1mexp = torch.where(a > -math.log(2.0), torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+    return a - log1mexp
+
+
+def orpo_loss(
+    chosen_avg_logp: torch.Tensor,
+    rejected_avg_logp: torch.Tensor,
+    *,
+    lam: float = 0.1,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """ORPO (Hong et al. 2024, "ORPO: Monolithic Preference Optimization without Reference Model",
+    eqs. 6-7), reference-free, on length-normalised log-probs ``a = (1/|y|) log pi(y|x)`` ``[B]``::
+
+        odds(y) = P / (1 - P),  P = exp(a)
+        L_OR    = -log sigmoid(log odds(y_w) - log odds(y_l))
+        L       = -a_w + lam * L_OR
+
+    (``-a_w``: the chosen response's mean token NLL, the SFT term, per pair as in the paper's
+    expectation over pairs; TRL averages it over the batch's chosen tokens instead). Returns
+    ``(loss [B], metrics)``: detached ``chosen_reward = lam a_w``, ``rejected_reward``, ``margin``,
+    ``log_odds_ratio`` and ``accuracy = [log odds(y_w) > log odds(y_l)]``; ``nll`` the SFT term."""
+    if lam < 0:
+        raise ValueError("lam must be >= 0")
+    lor = log_odds(chosen_avg_logp) - log_odds(rejected_avg_logp)
+    nll = -chosen_avg_logp
+    loss = nll - lam * F.logsigmoid(lor)
+    with torch.no_grad():
+        cr, rr = lam * chosen_avg_logp.detach(), lam * rejected_avg_logp.detach()
+        metrics = {"chosen_reward": cr, "rejected_reward": rr, "margin": cr - rr, "log_odds_ratio": lor.detach(),
+                   "accuracy": (lor.detach() > 0).to(lor.dtype), "nll": nll.detach()}
+    return loss, metrics
+
+
+def simpo_loss(
+    chosen_avg_logp: torch.Tensor,
+    rejected_avg_logp: torch.Tensor,
+    *,
+    beta: float = 2.0,
+    gamma: float = 1.0,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """SimPO (Meng et al. 2024, "SimPO: Simple Preference Optimization with a Reference-Free
+    Reward", eq. 6), reference-free, on length-normalised log-probs ``a = (1/|y|) log pi(y|x)``::
+
+        L = -log sigmoid(beta a_w - beta a_l - gamma)
+
+    (the implicit reward ``beta a``, a target margin ``gamma``). Returns ``(loss [B], metrics)``
+    with detached ``chosen_reward = beta a_w``, ``rejected_reward``, ``margin`` and ``accuracy =
+    [chosen_reward > rejected_reward]``."""
+    if beta <= 0:
+        raise ValueError("beta must be positive")
+    loss = -F.logsigmoid(beta * (chosen_avg_logp - rejected_avg_logp) - gamma)
+    with torch.no_grad():
+        cr, rr = beta * chosen_avg_logp.detach(), beta * rejected_avg_logp.detach()
+        metrics = {"chosen_reward": cr, "rejected_reward": rr, "margin": cr - rr, "accuracy": (cr > rr).to(cr.dtype)}
+    return loss, metrics
+
+
+def pair_preference_loss(
+    method: str,
+    chosen_logp: torch.Tensor,
+    rejected_logp: torch.Tensor,
+    ref_chosen_logp: Optional[torch.Tensor],
+    ref_rejected_logp: Optional[torch.Tensor],
+    chosen_tokens: torch.Tensor,
+    rejected_tokens: torch.Tensor,
+    *,
+    beta: float,
+    label_smoothing: float = 0.0,
+    reference_free: bool = False,
+    gamma: float = 1.0,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The loss of ``method`` (``algo.loss_type``) on pairs ``[B]`` of summed response log-probs
+    (``*_tokens``: the responses' token counts, for the length-normalised methods), with metrics
+    ``chosen_reward``, ``rejected_reward``, ``margin`` and ``accuracy`` (chosen preferred) for every
+    method. kto on a pair: the chosen completion desirable, the rejected one not, summed, with
+    ``z0 = 0`` (held-out evaluation: the reference point is a training-batch estimate)."""
+    if method in DPO_LOSS_TYPES:
+        return dpo_loss(chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp, beta=beta, loss_type=method,
+                        label_smoothing=label_smoothing, reference_free=reference_free)
+    if method == "kto":
+        if ref_chosen_logp is None or ref_rejected_logp is None:
+            raise ValueError("kto needs reference log-probs")
+        z0 = torch.zeros((), dtype=chosen_logp.dtype, device=chosen_logp.device)
+        kw = dict(beta=beta, desirable_weight=desirable_weight, undesirable_weight=undesirable_weight)
+        lc, mc = kto_loss(chosen_logp, ref_chosen_logp, torch.ones_like(chosen_logp, dtype=torch.bool), z0, **kw)
+        lr, mr = kto_loss(rejected_logp, ref_rejected_logp, torch.zeros_like(rejected_logp, dtype=torch.bool), z0, **kw)
+        cr, rr = mc["reward"], mr["reward"]
+        return lc + lr, {"chosen_reward": cr, "rejected_reward": rr, "margin": cr - rr, "accuracy": (cr > rr).to(cr.dtype)}
+    a_w = chosen_logp / chosen_tokens.to(chosen_logp.dtype).clamp(min=1)
+    a_l = rejected_logp / rejected_tokens.to(rejected_logp.dtype).clamp(min=1)
+    if method == "orpo":
+        return orpo_loss(a_w, a_l, lam=beta)
+    if method == "simpo":
+        return simpo_loss(a_w, a_l, beta=beta, gamma=gamma)
+    raise ValueError(f"unknown preference method {method!r}; expected one of {PREFERENCE_METHODS}")
 
 
 def bradley_terry_loss(

@@ -37,6 +37,8 @@ __all__ = [
     "POLICY_LOSSES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "PREFERENCE_LOSSES",
+    "REFERENCE_FREE_LOSSES",
     "register_advantage_estimator",
     "register_policy_loss",
     "register_kl_estimator",
@@ -143,10 +145,16 @@ ADVANTAGE_ESTIMATORS: Registry[EstimatorInfo] = Registry(
     }, EstimatorInfo)
 
 POLICY_LOSSES: Registry[PartInfo] = Registry(
-    "policy loss", "algo.policy_loss", "rlhf.algos.losses", {"clip": PartInfo()}, PartInfo)
+    "policy loss", "algo.policy_loss", "rlhf.algos.losses",
+    {name: PartInfo() for name in ("clip", "cispo", "sapo")}, PartInfo)
 
 KL_ESTIMATORS: Registry[PartInfo] = Registry(
     "KL estimator", "algo.kl.estimator", "rlhf.algos.kl", {k: PartInfo() for k in ("k1", "k2", "k3")}, PartInfo)
+
+# the preference trainer's methods (algo.loss_type of algo=dpo|kto|orpo|simpo; rlhf.algos.preference), and
+# those that need no reference model; fixed, not a registry
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "kto", "orpo", "simpo")
+REFERENCE_FREE_LOSSES = ("orpo", "simpo")
 
 # how per-token losses reduce to one number (rlhf.algos.losses.aggregate); fixed, not a registry
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")

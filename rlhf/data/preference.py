@@ -1,4 +1,5 @@
-"""Preference pairs: rows → (prompt ids, chosen ids, rejected ids); batches for DPO and reward models.
+"""Preference pairs: rows → (prompt ids, chosen ids, rejected ids); batches for DPO and reward models;
+KTO's unpaired examples (``Unpaired``: a completion labelled desirable or not) batched the same way.
 
 A row holds ``data.chosen_key`` and ``data.rejected_key`` and usually ``data.prompt_key``:
 
@@ -21,7 +22,7 @@ scores come out the same either way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -38,6 +39,25 @@ class Pair:
     prompt: list[int]
     chosen: list[int]
     rejected: list[int]
+
+    def responses(self) -> tuple[list[int], list[int]]:
+        """The unit's two sequences' responses, in batch order (``collate_pairs``)."""
+        return self.chosen, self.rejected
+
+
+@dataclass
+class Unpaired:
+    """One KTO example: a completion marked desirable or not, and ``kl_completion``, another row's
+    completion under this prompt (KTO's mismatched pair, whose log-ratio estimates the reference
+    point z0). In a batch its sequences are the completion (2i) and the mismatched one (2i+1)."""
+
+    prompt: list[int]
+    completion: list[int]
+    desirable: bool
+    kl_completion: list[int] = field(default_factory=list)
+
+    def responses(self) -> tuple[list[int], list[int]]:
+        return self.completion, self.kl_completion
 
 
 def _split_conversations(rec: Records, i: int, chosen: list, rejected: list) -> tuple[list, list, list]:
@@ -106,6 +126,66 @@ def build_pairs(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, w
     return out, report
 
 
+def is_paired(rec: Records, data: DataSpec) -> bool:
+    """Whether the rows are chosen/rejected pairs (else unpaired completions with a label), read from
+    the first row."""
+    return bool(len(rec)) and data.chosen_key in rec.rows[0] and data.rejected_key in rec.rows[0]
+
+
+def unpaired_from_row(rec: Records, i: int, tokenizer: Any, data: DataSpec) -> list[Unpaired]:
+    """A row's KTO examples: a pair gives two (chosen desirable, rejected not: TRL's unpairing of
+    paired data), an unpaired row ``{prompt, <data.response_key>, <data.label_key>: bool}`` one."""
+    row = rec.rows[i]
+    where = rec.where(i)
+    if data.chosen_key in row and data.rejected_key in row:
+        pair = pair_from_row(rec, i, tokenizer, data)
+        return [Unpaired(pair.prompt, pair.chosen, True), Unpaired(pair.prompt, pair.rejected, False)]
+    prompt = row_value(rec, i, data.prompt_key, spec_key="prompt_key", kinds=("text", "messages"))
+    completion = row_value(rec, i, data.response_key, spec_key="response_key", kinds=("text", "messages"))
+    label = row.get(data.label_key)
+    if not isinstance(label, bool):
+        raise UserError(f"{where}: {data.label_key!r} must be true (a desirable completion) or false (undesirable), "
+                        f"got {label!r}. Set data.label_key=<the key of that boolean>, or give chosen/rejected "
+                        "pairs (data.chosen_key, data.rejected_key).")
+    p = prompt_ids(tokenizer, prompt, chat_template=data.chat_template, where=where)
+    c = response_ids(tokenizer, prompt, completion, chat_template=data.chat_template, where=f"{where}: completion")
+    return [Unpaired(p, c, label)]
+
+
+def truncate_unpaired(ex: Unpaired, max_length: int, policy: str) -> tuple[Optional[Unpaired], int]:
+    longest = len(ex.prompt) + len(ex.completion)
+    if longest <= max_length:
+        return ex, 0
+    if policy == "drop" or max_length < 2:
+        return None, longest
+    prompt = ex.prompt
+    if policy == "left":
+        prompt = prompt[len(prompt) - max(len(prompt) - (longest - max_length), 1):]
+    elif len(prompt) >= max_length:
+        prompt = prompt[len(prompt) - max_length // 2:]
+    return Unpaired(prompt, ex.completion[:max_length - len(prompt)], ex.desirable), longest - max_length
+
+
+def build_unpaired(rec: Records, tokenizer: Any, data: DataSpec, max_length: int, what: str = "kto",
+                   seed: int = 0) -> tuple[list[Unpaired], TruncationReport]:
+    """KTO's examples, each with its mismatched completion: example i of a seeded permutation takes
+    the completion of the next one (cut to fit ``max_length``), fixed for the run, so the reference's
+    log-probs of it are computed once with the others'."""
+    policy = truncation_policy(data)
+    report = TruncationReport(what=what, max_length=max_length, policy=policy)
+    out = keep_within((ex for i in range(len(rec)) for ex in unpaired_from_row(rec, i, tokenizer, data)),
+                      lambda e: len(e.prompt) + len(e.completion),
+                      lambda e: truncate_unpaired(e, max_length, policy), report, "example")
+    if len(out) < 2:
+        raise UserError(f"{what}: KTO needs at least 2 examples (one's completion is another's mismatched pair).")
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(out), generator=g).tolist()
+    for k, i in enumerate(order):
+        other = out[order[(k + 1) % len(order)]].completion
+        out[i].kl_completion = other[:max(max_length - len(out[i].prompt), 1)]
+    return out, report
+
+
 def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max_length: int = 0) -> dict[str, Any]:
     """Tensors for m pairs: input_ids, loss_mask (response tokens), position_ids, seg (example
     number within its row, -1 padding), seq (sequence number 0..2m-1, -1 padding), ``last``
@@ -114,7 +194,7 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max
     ``sequence_logps`` sums)."""
     seqs: list[tuple[list[int], list[int]]] = []
     for p in pairs:
-        for resp in (p.chosen, p.rejected):
+        for resp in p.responses():
             seqs.append((p.prompt + resp, [0] * len(p.prompt) + [1] * len(resp)))
     lengths = [len(s[0]) for s in seqs]
     bins = first_fit(lengths, max(max_length, max(lengths))) if pack else [[k] for k in range(len(seqs))]
@@ -148,6 +228,9 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int, *, pack: bool = False, max
         for t in range(n):
             last[seq_of_row[b][t]] = torch.tensor([b, t])
     out["last"] = last
+    out["response_tokens"] = torch.tensor([sum(s[1]) for s in seqs], dtype=torch.long)  # per sequence
+    if pairs and isinstance(pairs[0], Unpaired):
+        out["desirable"] = torch.tensor([p.desirable for p in pairs], dtype=torch.bool)
     out.update(padding_free_index(out["seg"], out["position_ids"]))
     out["scored_index"] = scored_index(summed_positions(out))
     return out

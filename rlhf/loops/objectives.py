@@ -1,4 +1,4 @@
-"""The losses of the supervised loops (SFT, reward model, DPO) as ``fn(model, micro_batch, compile=...)``.
+"""The losses of the supervised loops (SFT, reward model, the preference trainer: DPO, KTO, ORPO, SimPO) as ``fn(model, micro_batch, compile=...)``.
 
 A training worker calls ``loss, stats = fn(model, mb, compile=...)`` on each micro-batch and
 backpropagates ``loss``; for evaluation it calls the same function under ``torch.no_grad``.
@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from rlhf.algos.preference import bradley_terry_loss, dpo_loss
+from rlhf.algos.preference import bradley_terry_loss, kto_loss, kto_reference_point, pair_preference_loss
 from rlhf.data.preference import last_token_values, sequence_logps
 from rlhf.data.sft import model_inputs
 
@@ -174,24 +174,34 @@ class SequenceLogps:
 
 @dataclass
 class DPOObjective:
-    """DPO / IPO / hinge / cDPO on summed response log-probs; the reference log-probs come in the
-    micro-batch (``ref_logp [n_seqs]``, computed once before training)."""
+    """The preference trainer's loss (``algo.loss_type``) on summed response log-probs; the reference
+    log-probs, where the method has a reference term, come in the micro-batch (``ref_logp
+    [n_seqs]``, computed once before training).
+
+    * pairs (DPO / IPO / hinge / cDPO, ORPO, SimPO): sequence 2i is pair i's chosen, 2i+1 its
+      rejected; ORPO and SimPO divide by the responses' lengths (``response_tokens``);
+    * ``kto``: unit i is one completion (sequence 2i, ``desirable[i]``) and its mismatched pair
+      (2i+1), whose policy-reference log-ratios give the micro-batch's reference point ``z0``
+      (``rlhf.algos.preference.kto_reference_point``)."""
 
     beta: float = 0.1
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     reference_free: bool = False
+    gamma: float = 1.0
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
 
     def __call__(self, model: Any, mb: dict[str, torch.Tensor], compile: bool = False) -> tuple[torch.Tensor, Stats]:
         logp = sequence_logps(token_logps(model, mb, _response(mb), compile), mb, _n_seqs(mb))
         ref = mb.get("ref_logp")
-        ref_c = None if ref is None else ref[0::2]
-        ref_r = None if ref is None else ref[1::2]
-        loss, m = dpo_loss(
-            logp[0::2], logp[1::2], ref_c, ref_r,
-            beta=self.beta, loss_type=self.loss_type, label_smoothing=self.label_smoothing,
-            reference_free=self.reference_free,
-        )
+        if self.loss_type == "kto":
+            return self._kto(logp, ref.to(logp.dtype), mb)
+        n = mb["response_tokens"]
+        loss, m = pair_preference_loss(
+            self.loss_type, logp[0::2], logp[1::2], None if ref is None else ref[0::2], None if ref is None else ref[1::2],
+            n[0::2], n[1::2], beta=self.beta, label_smoothing=self.label_smoothing, reference_free=self.reference_free,
+            gamma=self.gamma)
         total = loss.sum()
         return total * mb["loss_scale"].to(total.dtype), {
             "loss_sum": total.detach(),
@@ -202,6 +212,23 @@ class DPOObjective:
             "margin_sum": m["margin"].detach().sum(),
             "chosen_logp_sum": logp[0::2].detach().sum(),
             "rejected_logp_sum": logp[1::2].detach().sum(),
+        }
+
+    def _kto(self, logp: torch.Tensor, ref: torch.Tensor, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Stats]:
+        z0 = kto_reference_point(logp[1::2], ref[1::2])
+        d = mb["desirable"].to(logp.device)
+        loss, m = kto_loss(logp[0::2], ref[0::2], d, z0, beta=self.beta, desirable_weight=self.desirable_weight,
+                           undesirable_weight=self.undesirable_weight)
+        total = loss.sum()
+        reward = m["reward"]
+        return total * mb["loss_scale"].to(total.dtype), {
+            "loss_sum": total.detach(),
+            "pairs": float(loss.numel()),  # examples: the step's units
+            "correct": m["accuracy"].sum(),
+            "desirable": d.sum(),
+            "desirable_reward_sum": torch.where(d, reward, torch.zeros_like(reward)).sum(),
+            "undesirable_reward_sum": torch.where(d, torch.zeros_like(reward), reward).sum(),
+            "z0_sum": z0 * loss.numel(),  # weighted by examples: the step's mean z0
         }
 
 

@@ -253,7 +253,7 @@ class Prepared:
 
     tokenizer: Any
     max_length: int
-    train: list  # sft: Example; rm/dpo: Pair
+    train: list  # sft: Example; rm/dpo: Pair; kto: Unpaired
     eval: list
     reports: list  # TruncationReport of train and eval
 
@@ -298,6 +298,22 @@ def prepare_pairs(spec: RunSpec, console: Any = None) -> Prepared:
     return prepared
 
 
+def prepare_unpaired(spec: RunSpec, console: Any = None) -> Prepared:
+    """kto: the training rows as unpaired examples (a pair gives one desirable and one undesirable,
+    each with its mismatched completion), the held-out rows as pairs when they are pairs (the
+    preference accuracy of DPO) else as examples."""
+    from rlhf.data.preference import build_pairs, build_unpaired, is_paired
+
+    def build(rec: Records, tok: Any, data: Any, L: int, what: str):
+        if what.endswith("eval") and is_paired(rec, data):
+            return build_pairs(rec, tok, data, L, what=what)
+        return build_unpaired(rec, tok, data, L, what=what, seed=spec.train.seed)
+
+    prepared = prepare_with(spec, console, build, "preference")
+    check_enough(len(prepared.train), spec, "examples")
+    return prepared
+
+
 def pair_collator(prepared: Prepared, pack: bool) -> Callable[[list, Sequence[int]], dict]:
     """rm and dpo: ``mb_of(pairs, units)``, the micro-batch of ``pairs[units]`` (chosen and
     rejected sequences of each pair, padded or packed to the run's max length)."""
@@ -314,7 +330,10 @@ def pair_collator(prepared: Prepared, pack: bool) -> Callable[[list, Sequence[in
 def pair_tokens(pairs: Sequence[Any]) -> Callable[[list[int]], int]:
     """A micro-batch of pairs' real tokens: each pair's prompt twice, its chosen and its rejected
     response (``step_shards`` orders by it; the passes run padding-free)."""
-    return lambda units: sum(2 * len(pairs[i].prompt) + len(pairs[i].chosen) + len(pairs[i].rejected) for i in units)
+    def sides(u: Any) -> tuple:  # a Pair's chosen and rejected, an Unpaired's completion and mismatched one
+        return u.responses() if hasattr(u, "responses") else (u.chosen, u.rejected)
+
+    return lambda units: sum(2 * len(pairs[i].prompt) + sum(map(len, sides(pairs[i]))) for i in units)
 
 
 def optional(x: Optional[float]) -> float:

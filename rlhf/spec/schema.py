@@ -114,7 +114,10 @@ class RLAlgo(Frozen):
                          "normalization, Liu et al. 2025), rloo (leave-one-out baseline, Ahmadian et al. "
                          "2024), reinforce_pp / reinforce_pp_baseline (REINFORCE++, Hu 2025), or one "
                          "registered by algo.plugins.")
-    policy_loss: str = doc("clip", "Policy loss: clip (PPO's clipped surrogate, Schulman et al. 2017), or one "
+    policy_loss: str = doc("clip", "Policy loss: clip (PPO's clipped surrogate, Schulman et al. 2017), cispo "
+                           "(clipped importance weights, every token keeps a gradient; MiniMax-M1 2025; the "
+                           "weight is clipped to [1 - clip_low, 1 + clip_high]), sapo (a soft sigmoid gate on "
+                           "the ratio instead of the clip, Gao et al. 2025; algo.tau_pos / tau_neg), or one "
                            "registered by algo.plugins.")
     plugins: list[str] = docf(list, "Modules imported in the driver and every worker before the parts are "
                               "looked up; their decorators register more estimators, policy losses and KL estimators.")
@@ -131,6 +134,10 @@ class RLAlgo(Frozen):
                            "clip_low ('clip-higher', DAPO, Yu et al. 2025) keeps exploration from collapsing.")
     dual_clip: Optional[float] = doc(None, "Dual-clip constant c > 1 (Ye et al. 2020): bounds the loss of "
                                      "negative-advantage tokens at c*|A|; None = off.")
+    tau_pos: float = doc(1.0, "sapo: temperature of the soft gate for positive advantages; larger damps "
+                         "updates sooner as the ratio leaves 1 (SAPO's default 1.0).")
+    tau_neg: float = doc(1.05, "sapo: temperature of the soft gate for negative advantages (SAPO's default "
+                         "1.05, above tau_pos: negative updates are the less stable ones).")
     ratio_level: str = doc("token", "token: one importance ratio per token (PPO/GRPO); sequence: one per "
                            "sequence, the geometric mean of its tokens' ratios (GSPO, Zheng et al. 2025).")
     loss_agg: str = doc("token_mean", "How token losses become one number: token_mean (over all policy tokens "
@@ -153,6 +160,10 @@ class RLAlgo(Frozen):
                                          "one step. Smaller means more updates per rollout batch.")
     overlong_buffer: Optional[int] = doc(None, "DAPO soft overlong penalty: over the last this-many tokens "
                                          "before rollout.max_response_tokens the penalty grows linearly; None = off.")
+    overlong_buffer_fraction: Optional[float] = doc(None, "DAPO soft overlong penalty with the buffer as a "
+                                                    "share of rollout.max_response_tokens (DAPO: 4096 of 20480 "
+                                                    "= 0.2), rounded up, so a preset fits every length limit; "
+                                                    "set this or overlong_buffer, not both; None = off.")
     overlong_penalty: float = doc(1.0, "The overlong penalty at the length limit (reaches -overlong_penalty).")
     reward_clip: Optional[float] = doc(None, "Clip scores to [-reward_clip, reward_clip] before the "
                                        "advantages; None = off.")
@@ -180,17 +191,30 @@ class OfflineAlgo(Frozen):
 
 @dataclass
 class DPOAlgo(OfflineAlgo):
-    """Direct preference optimization (Rafailov et al. 2023) on chosen/rejected pairs."""
+    """The preference trainer: direct preference optimization (Rafailov et al. 2023) and its relatives
+    on chosen/rejected pairs, KTO on unpaired rows, ORPO and SimPO without a reference model
+    (algo=dpo|kto|orpo|simpo pick algo.loss_type and its paper's settings)."""
 
     name: str = doc("dpo", "The algorithm's name (the algo group option).")
-    kind: str = doc("dpo", "Which trainer runs: dpo; fixed per schema.")
+    kind: str = doc("dpo", "Which trainer runs: dpo (the preference trainer of dpo, kto, orpo, simpo); fixed "
+                    "per schema.")
     lr: float = _lr(5e-7)
-    beta: float = doc(0.1, "Inverse temperature of the implicit reward beta*log(pi/pi_ref): larger stays "
-                      "closer to the reference model.")
+    beta: float = doc(0.1, "dpo/kto: inverse temperature of the implicit reward beta*log(pi/pi_ref), larger "
+                      "stays closer to the reference model; simpo: the reward's scale beta*(1/|y|)log pi (2.0); "
+                      "orpo: lambda, the odds-ratio term's weight beside the SFT loss (0.1).")
     loss_type: str = doc("sigmoid", "sigmoid (DPO's logistic loss), ipo (squared loss towards 1/(2 beta), "
-                         "Azar et al. 2023) or hinge (SLiC-HF, Zhao et al. 2023).")
+                         "Azar et al. 2023), hinge (SLiC-HF, Zhao et al. 2023), kto (Ethayarajh et al. 2024: "
+                         "unpaired desirable/undesirable completions), orpo (Hong et al. 2024: SFT + odds "
+                         "ratio, no reference) or simpo (Meng et al. 2024: length-normalised margin, no "
+                         "reference); algo=kto|orpo|simpo set it.")
     label_smoothing: float = doc(0.0, "Assumed share of flipped preference labels (cDPO); 0 = trust the labels.")
-    reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its start.")
+    reference_free: bool = doc(False, "Use no reference model: cheaper, but nothing anchors the policy to its "
+                               "start. orpo and simpo need it true (they have no reference term).")
+    gamma: float = doc(1.0, "simpo: the target reward margin gamma between chosen and rejected (the paper's "
+                       "gamma/beta of about 0.5).")
+    desirable_weight: float = doc(1.0, "kto: lambda_D, the weight of desirable examples' loss; the paper keeps "
+                                  "lambda_D n_D / (lambda_U n_U) in [1, 4/3].")
+    undesirable_weight: float = doc(1.0, "kto: lambda_U, the weight of undesirable examples' loss.")
 
 
 @dataclass
@@ -376,7 +400,10 @@ class DataSpec(Frozen):
     eval_files: list[str] = docf(list, "Evaluation files, in the same forms as train_files.")
     weights: Optional[list[float]] = doc(None, "Mixing weights, one per train file; None = concatenate.")
     prompt_key: str = doc("prompt", "The column holding the prompt.")
-    response_key: str = doc("response", "sft: the column holding the target response.")
+    response_key: str = doc("response", "sft: the column holding the target response; kto: the completion of "
+                            "an unpaired row.")
+    label_key: str = doc("label", "kto: the column holding an unpaired row's label, true (desirable) or false "
+                         "(undesirable); rows with chosen/rejected give one of each instead.")
     chosen_key: str = doc("chosen", "rm/dpo: the column holding the preferred response.")
     rejected_key: str = doc("rejected", "rm/dpo: the column holding the dispreferred response.")
     messages_key: str = doc("messages", "The column holding a chat (a list of role/content messages).")

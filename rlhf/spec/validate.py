@@ -12,6 +12,8 @@ from rlhf.algos.registry import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE_LOSSES,
     EstimatorInfo,
     Registry,
     plugin_problem,
@@ -81,6 +83,51 @@ def _rollout_engine(s: dict[str, Any]) -> list[str]:
     return p + kind.problems(s)
 
 
+# ---- issue 34's algorithm keys (policy losses cispo / sapo, DAPO's buffer fraction; the preference
+# methods kto / orpo / simpo): one block, so the split of this module moves it whole
+
+
+def _rl_variant_problems(p: list[str], algo: RLAlgo) -> None:
+    loss = algo.policy_loss
+    if loss == "clip" and algo.clip_low >= 1:
+        p.append(f"algo.clip_low={algo.clip_low} must be < 1 with policy_loss=clip (0.2 is usual).")
+    if loss == "cispo" and algo.clip_low > 1:
+        p.append(f"algo.clip_low={algo.clip_low} must be <= 1 with policy_loss=cispo (1 = no lower bound on the "
+                 "importance weight, as MiniMax-M1).")
+    if loss in ("cispo", "sapo"):
+        if algo.ratio_level != "token":
+            p.append(f"algo.ratio_level={algo.ratio_level} applies to policy_loss=clip (GSPO); {loss} weighs "
+                     "each token by its own ratio. Set algo.ratio_level=token or algo.policy_loss=clip.")
+        if algo.dual_clip is not None:
+            p.append(f"algo.dual_clip bounds the clipped surrogate; policy_loss={loss} has none. Set "
+                     "algo.dual_clip=null.")
+    if algo.tau_pos <= 0 or algo.tau_neg <= 0:
+        p.append(f"algo.tau_pos={algo.tau_pos}, algo.tau_neg={algo.tau_neg}: SAPO's temperatures must be > 0 "
+                 "(1.0 and 1.05 are the paper's).")
+    frac = algo.overlong_buffer_fraction
+    if frac is not None:
+        if not 0 < frac <= 1:
+            p.append(f"algo.overlong_buffer_fraction={frac} must be in (0, 1] (DAPO's is 0.2), or null.")
+        if algo.overlong_buffer is not None:
+            p.append(f"algo.overlong_buffer={algo.overlong_buffer} and algo.overlong_buffer_fraction={frac} are "
+                     "both set: set one of them (the other null).")
+
+
+def _preference_problems(p: list[str], algo: Any) -> None:
+    method = algo.loss_type
+    if method in REFERENCE_FREE_LOSSES and not algo.reference_free:
+        p.append(f"algo.loss_type={method} has no reference term: set algo.reference_free=true (algo={method} does).")
+    if method == "kto" and algo.reference_free:
+        p.append("algo.loss_type=kto measures rewards against the reference model: set algo.reference_free=false.")
+    if algo.label_smoothing > 0 and method != "sigmoid":
+        p.append(f"algo.label_smoothing={algo.label_smoothing} applies to loss_type=sigmoid (cDPO) only: set it to 0.")
+    if method == "simpo" and algo.gamma < 0:
+        p.append(f"algo.gamma={algo.gamma} must be >= 0 (SimPO's target margin; 1.0 with beta 2.0 is usual).")
+    if method == "kto" and (algo.desirable_weight <= 0 or algo.undesirable_weight <= 0):
+        p.append(f"algo.desirable_weight={algo.desirable_weight}, algo.undesirable_weight={algo.undesirable_weight}: "
+                 "both must be > 0 (1.0 each is KTO's default).")
+
+
 def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str] = None) -> list[str]:
     """Every problem of the typed sections, one message each. ``shape_from``: where the model's
     architecture numbers came from when not from its model group (``rlhf.spec.shape.shape_source``)."""
@@ -146,8 +193,10 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
                 f"algo.overlong_buffer={algo.overlong_buffer} must be in (0, rollout.max_response_tokens="
                 f"{rollout.max_response_tokens}]."
             )
+        _rl_variant_problems(p, algo)
     elif algo.kind == "dpo":
-        _choice(p, "algo.loss_type", algo.loss_type, DPO_LOSSES)
+        _choice(p, "algo.loss_type", algo.loss_type, PREFERENCE_LOSSES)
+        _preference_problems(p, algo)
         if algo.beta <= 0:
             p.append(f"algo.beta={algo.beta} must be > 0 (0.1 is usual).")
         if not 0 <= algo.label_smoothing < 0.5:

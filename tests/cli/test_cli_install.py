@@ -73,5 +73,5 @@ def test_non_editable_install_finds_conf_and_recipes(tmp_path):
     assert recipe.returncode == 0 and recipe.stdout.startswith("run: ppo · hybrid · llama3-8b"), recipe.stderr
     bad = subprocess.run([str(venv / "bin" / "rlhf-run"), "algo=grpoo"], capture_output=True, text=True,
                          cwd=elsewhere, env=env)
-    assert bad.returncode == 2 and "Choose one of: dpo, dr_grpo, grpo" in bad.stderr
+    assert bad.returncode == 2 and "Choose one of: cispo, dapo, dpo, dr_grpo, grpo" in bad.stderr
     assert "Traceback" not in bad.stderr

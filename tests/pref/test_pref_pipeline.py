@@ -3,7 +3,8 @@
 * SFT → reward model → PPO (recipes pipeline_sft / pipeline_rm / pipeline_ppo), each stage
   reading the previous stage's final/hf: SFT lowers the held-out loss, the reward model ranks
   >= 90% of held-out pairs right, PPO against it raises both its score and the task's true reward.
-* DPO (recipe dpo_tiny): held-out preference accuracy >= 90%.
+* DPO (recipe dpo_tiny): held-out preference accuracy >= 90%; so do KTO, ORPO and SimPO (algo=kto|orpo|simpo
+  on the same data, KTO three epochs).
 * an SFT run stopped after its first epoch and resumed from its checkpoint ends where the
   uninterrupted pipeline SFT stage ended.
 * the SFT stage (a checkpoint every 16 of its steps, both kept) writes no more checkpoints than the
@@ -142,6 +143,24 @@ def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
                     dpo["eval/accuracy_after"], 0.9)
     assert dpo["eval/accuracy_after"] >= 0.9, dpo
     assert dpo["eval/margin_after"] > 0
+
+
+# KTO, ORPO and SimPO with their conf/algo defaults on dpo_tiny's data; KTO trains on the pairs split
+# into unpaired examples (twice the units, each half a pair's signal) and needs three epochs
+PREFERENCE_METHODS = {"kto": ["algo.epochs=3"], "orpo": [], "simpo": []}
+
+
+@pytest.mark.parametrize("algo", sorted(PREFERENCE_METHODS))
+def test_preference_method_accuracy(ray_session, tmp_path, algo):
+    _run("recipe=dpo_tiny", f"algo={algo}", *PREFERENCE_METHODS[algo], f"output_dir={tmp_path / algo}")
+    out = _final(tmp_path / algo)
+    print(f"{algo}: held-out accuracy {out['eval/accuracy_before']:.3f} -> {out['eval/accuracy_after']:.3f}")
+    record_learning(f"pref/{algo}", "held-out pair accuracy", out["eval/accuracy_after"], 0.9)
+    assert out["eval/accuracy_after"] >= 0.9, out
+    assert out["eval/margin_after"] > 0
+    if algo == "kto":  # trained unpaired: half the step's examples desirable, the other half not
+        steps = [r for r in _steps(tmp_path / algo) if "train/desirable_share" in r]
+        assert 0.4 < _mean(steps, "train/desirable_share") < 0.6 and all(r["train/kl_z0"] >= 0 for r in steps)
 
 
 def test_a_dpo_micro_batch_holds_what_the_plan_sizes_it_for(ray_session, tmp_path, capsys):

@@ -33,7 +33,7 @@ def test_spec_reads_plugin_metadata(tmp_path):
     # "sign" is grouped: one sample per prompt is rejected with the metadata's message
     with pytest.raises(SpecError, match="algo.group_size=1: sign compares samples of the same prompt"):
         make_spec(TOY + ["algo.group_size=1"], tmp_path)
-    with pytest.raises(SpecError, match=r"algo.policy_loss='nope' is not valid. Choose one of: clip, reinforce"):
+    with pytest.raises(SpecError, match=r"algo.policy_loss='nope' is not valid. Choose one of: clip, cispo, sapo, reinforce"):
         make_spec(TOY + ["algo.policy_loss=nope"], tmp_path)
     with pytest.raises(SpecError, match=r"algo.plugins: cannot import 'tests.rl.no_such_module' \(ModuleNotFound"):
         make_spec(TOY + ["algo.plugins=[tests.rl.toy_parts,tests.rl.no_such_module]"], tmp_path)
