@@ -7,6 +7,7 @@
 #   bash scripts/learning_margins.sh                       # the whole matrix (hours on 2 cores)
 #   CAPS="avx2" THREADS="1" SEEDS="0" bash scripts/learning_margins.sh     # one variant
 #   TESTS="tests/pref/test_pref_pipeline.py::test_reward_model_ranks_held_out_pairs" bash scripts/learning_margins.sh
+#   VARIANTS="default:1:0 avx2:2:0" bash scripts/learning_margins.sh  # cap:threads:seed list instead of the grid
 #   OUT=margins.jsonl bash scripts/learning_margins.sh     # where the rows go (appended; default below)
 #
 # A variant that fails its assertion still records its value: the table shows every variant's
@@ -36,15 +37,18 @@ tests/pref/test_pref_pipeline.py::test_ppo_against_the_reward_model_raises_its_s
 tests/pref/test_pref_pipeline.py::test_dpo_preference_accuracy
 tests/pref/test_pref_pipeline.py::test_preference_method_accuracy"}
 
-for cap in $CAPS; do
-  for threads in $THREADS; do
-    for seed in $SEEDS; do
-      echo "== ATEN_CPU_CAPABILITY=$cap threads=$threads seed=$seed"
-      # shellcheck disable=SC2086
-      ATEN_CPU_CAPABILITY=$cap RLHF_CPU_THREADS=$threads OMP_NUM_THREADS=$threads RLHF_TEST_SEED=$seed \
-        RLHF_MARGINS_OUT=$OUT "$PY" -m pytest -q -n "${WORKERS:-2}" --dist loadfile -p no:cacheprovider $TESTS \
-        | grep -E "passed|failed|error" | tail -1
-    done
-  done
+if [ -z "${VARIANTS:-}" ]; then
+  for cap in $CAPS; do for threads in $THREADS; do for seed in $SEEDS; do
+    VARIANTS="${VARIANTS:-} $cap:$threads:$seed"
+  done; done; done
+fi
+
+for v in $VARIANTS; do
+  IFS=: read -r cap threads seed <<< "$v"
+  echo "== $(date +%T) ATEN_CPU_CAPABILITY=$cap threads=$threads seed=$seed"
+  # shellcheck disable=SC2086
+  ATEN_CPU_CAPABILITY=$cap RLHF_CPU_THREADS=$threads OMP_NUM_THREADS=$threads RLHF_TEST_SEED=$seed \
+    RLHF_MARGINS_OUT=$OUT "$PY" -m pytest -q -n "${WORKERS:-2}" --dist loadgroup --no-loadscope-reorder \
+    -p no:cacheprovider $TESTS | grep -E "passed|failed|error" | tail -1
 done
 "$PY" scripts/margins_table.py "$OUT"
