@@ -24,7 +24,7 @@ import torch
 
 from rlhf.algos.preference import dpo_loss
 from rlhf.loops import supervised as sup
-from rlhf.loops.objectives import DPOObjective, SequenceLogps
+from rlhf.algos.offline import DPOObjective, SequenceLogps
 from rlhf.spec.runspec import RunSpec
 
 

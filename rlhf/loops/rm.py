@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from rlhf.loops import supervised as sup
-from rlhf.loops.objectives import RMObjective, SequenceScores
+from rlhf.algos.offline import RMObjective, SequenceScores
 from rlhf.spec.runspec import RunSpec
 
 

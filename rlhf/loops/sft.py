@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from rlhf.data.sft import build_sft, collate, to_rows
 from rlhf.loops import supervised as sup
-from rlhf.loops.objectives import SFTObjective, SFTRowNLL
+from rlhf.algos.offline import SFTObjective, SFTRowNLL
 from rlhf.spec.runspec import RunSpec
 
 

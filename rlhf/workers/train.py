@@ -247,7 +247,7 @@ class _Model(Worker):
         set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))
 
     # -- supervised loops (rlhf.loops.sft / rm / dpo): the loss comes with the call, as
-    #    ``fn(model, micro_batch, compile=...)`` (see rlhf.loops.objectives); micro-batches are made by the driver.
+    #    ``fn(model, micro_batch, compile=...)`` (see rlhf.algos.offline); micro-batches are made by the driver.
     def _fn_module(self):
         engine = getattr(self, "engine", None) or self.module
         return getattr(engine, "module", engine)

@@ -11,7 +11,7 @@ import torch
 from rlhf.data import preference as P
 from rlhf.data import sft as S
 from rlhf.data.batch import collate as rl_collate
-from rlhf.loops import objectives as O
+from rlhf.algos import offline as O
 from rlhf.loops import supervised as sup
 
 

@@ -15,7 +15,7 @@ import torch
 
 from rlhf.data import preference as P
 from rlhf.data import sft as S
-from rlhf.loops import objectives as O
+from rlhf.algos import offline as O
 from rlhf.loops import supervised as sup
 from rlhf.models.varlen import use_varlen
 from tests.pref.test_pref_objectives import _models, _pairs

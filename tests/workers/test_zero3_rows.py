@@ -166,7 +166,7 @@ def _supervised_checks(rank: int) -> dict:
 
     import rlhf.algos.logprobs as L
     from rlhf.data.sft import Row, collate
-    from rlhf.loops.objectives import SFTObjective
+    from rlhf.algos.offline import SFTObjective
     from rlhf.loops.supervised import agree_head_rows
     from rlhf.models.varlen import use_varlen
 
