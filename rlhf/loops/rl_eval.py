@@ -32,10 +32,10 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.data.prompts import read_rows
+from rlhf.data.prompts import read_rows, tokenize_prompts
+from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.rollout.generate import generate
-from rlhf.rollout.prompts import score_samples, tokenize_prompts
 from rlhf.spec.runspec import RunSpec
 
 
