@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
 from rlhf.spec.runspec import RunSpec
-from rlhf.workers.train import CriticWorker, PolicyWorker
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.policy import PolicyWorker
 
 TRAINED_ROLES = ("actor", "critic")
 

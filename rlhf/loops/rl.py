@@ -37,7 +37,9 @@ from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.schedule import make_schedule
-from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.frozen import ReferenceWorker
+from rlhf.workers.policy import PolicyWorker
 
 
 class Phases:

@@ -40,7 +40,7 @@ from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.tokens import sequence_tokens
 from rlhf.workers.schedule import combine_ranks
-from rlhf.workers.train import PolicyWorker
+from rlhf.workers.policy import PolicyWorker
 
 MB = dict[str, torch.Tensor]
 

@@ -10,7 +10,7 @@ from rlhf.launch.cluster import Cluster
 from rlhf.rewards.loader import Rewards
 from rlhf.rollout.engine import Sample
 from rlhf.spec.runspec import RunSpec
-from rlhf.workers.train import RewardModelWorker
+from rlhf.workers.frozen import RewardModelWorker
 
 
 def score_samples(spec: RunSpec, rows: list[dict], samples: list[Sample], tokenizer, rewards: Rewards,

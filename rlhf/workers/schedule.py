@@ -22,7 +22,8 @@ from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
-from rlhf.workers.train import PolicyWorker, TrainedWorker
+from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.trained import TrainedWorker
 
 
 # vLLM's sleep level 2 frees its weights as well as its KV cache: every step's sync rewrites them all

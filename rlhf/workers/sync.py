@@ -19,7 +19,7 @@ from typing import Any
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.rollout import RolloutWorker
-from rlhf.workers.train import PolicyWorker
+from rlhf.workers.policy import PolicyWorker
 
 
 class ObjectStoreTransport:

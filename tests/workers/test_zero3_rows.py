@@ -111,7 +111,7 @@ def _worker_checks(rank: int) -> tuple:
 
     from rlhf.data.batch import collate
     from rlhf.models.varlen import use_varlen
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
