@@ -6,7 +6,7 @@ temperature 1 with the sampled tokens' log-probs (vLLM ``raw_logprobs``: log_sof
 logits), then the same tokens are scored by
 
 * ``trainer``: the product's path in bf16: packed micro-batches (``rlhf.data.packing``),
-  ``rlhf_varlen`` attention, ``rlhf.algos.logprobs_from_hidden``, as ``rlhf.workers.train`` runs it
+  ``rlhf_varlen`` attention, ``rlhf.algos.logprobs_from_hidden``, as ``rlhf.workers.model`` runs it
   (DeepSpeed 0.19's bf16 engine casts parameters only; the RoPE ``inv_freq`` buffer stays float32);
 * ``trainer_wide_head``: the same hidden states, the LM head in float32 (float64 on CPU);
 * ``trainer_sdpa``: the packed pass with the varlen kernel off (padded SDPA inside each pack);
@@ -127,7 +127,7 @@ def _hf_sample(model, prompts, n: int, seed: int):
 
 @torch.no_grad()
 def _trainer(model, prompts, responses, dev, wide_dtype, budget: int = 16384) -> dict:
-    """The trainer's packed pass (``rlhf.workers.train``: pack → packed_kwargs → base_model →
+    """The trainer's packed pass (``rlhf.workers.model``: pack → packed_kwargs → base_model →
     logprobs_from_hidden), plus the same hidden states through a wide-dtype head."""
     from rlhf.algos import logprobs_from_hidden
     from rlhf.data.batch import collate

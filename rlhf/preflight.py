@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console
 
 ID_KEYS = ("id", "uid", "prompt_id")
 
@@ -38,7 +39,7 @@ class Finished(Exception):
     """The run dir holds a finished run of this spec: nothing to do (exit code 0, one line)."""
 
 
-def check_checkpoint(spec: RunSpec, console: Any = None) -> RunSpec:
+def check_checkpoint(spec: RunSpec, console: Optional[Console] = None) -> RunSpec:
     """The checkpoint this run resumes from, verified against its manifest before Ray starts
     (``rlhf.ckpt.manager.resume_point``): a corrupt newest one is named in one line, set aside, and
     the newest intact one taken (saying so); none intact, or a corrupt one named by ``resume=``, is
@@ -102,7 +103,7 @@ def check_output_dir(path: str) -> None:
         raise UserError(f"output_dir={path} is not a directory. Give a directory: output_dir=<path>.")
 
 
-def resolve_models(spec: RunSpec, console: Any = None) -> RunSpec:
+def resolve_models(spec: RunSpec, console: Optional[Console] = None) -> RunSpec:
     """Find model.path (and reward.model_path) once, in the driver: a local dir (checked for
     config.json and weights), builtin:<name> (built once), or a Hub id: the HF cache, else a download
     (``model.revision``; HF_HUB_OFFLINE=1: the cache only). Returns the spec with the results
@@ -330,7 +331,7 @@ def check_disk(spec: RunSpec) -> None:
         raise UserError(line[2:] + " (rlhf-run <same overrides> --plan shows every figure)")
 
 
-def preflight(spec: RunSpec, console: Any = None) -> Any:
+def preflight(spec: RunSpec, console: Optional[Console] = None) -> Any:
     """Everything that can be checked in the driver before the cluster starts (UserError).
 
     For sft/rm/dpo that is reading and tokenising the data sets: the result (``prepare`` of the

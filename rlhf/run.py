@@ -25,11 +25,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlhf.config.exits import EXIT_FAILURE, EXIT_INTERRUPT, EXIT_TERMINATED, EXIT_USER
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
+
+if TYPE_CHECKING:
+    from rlhf.track.tracker import Console
 
 
 class Terminated(KeyboardInterrupt):
@@ -289,7 +292,7 @@ def _remove_refused(run_dir: Path) -> None:
         pass
 
 
-def _close(console) -> None:
+def _close(console: Optional[Console]) -> None:
     if console is not None:
         console.close()
 

@@ -27,6 +27,7 @@ parent holds each job's objective and, after a search, the best parameters).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
 from dataclasses import asdict, dataclass
@@ -197,18 +198,20 @@ def is_hydra_override(o: str) -> bool:
 
 
 def expand(overrides: Sequence[str]) -> list[Job]:
-    """The jobs of a grid sweep, as Hydra's basic sweeper makes them (the cartesian product of the
-    comma-separated values, the first override varying slowest; a key given twice: the last wins).
-    Raises SpecError for a sweep the basic sweeper cannot enumerate (an interval)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
+    """The jobs of a grid sweep, in the order Hydra's basic sweeper runs them: the cartesian product
+    of the comma-separated values, the first key varying slowest; a key given twice keeps its first
+    place and its last value. Raises SpecError for a sweep a grid cannot enumerate (an interval)."""
     parsed = parse_overrides([o for o in overrides if not is_hydra_override(o)])
     bad = [ov.input_line for ov in parsed if ov.is_sweep_override() and not ov.is_discrete_sweep()]
     if bad:
         raise SpecError([f"{b}: the basic sweeper runs lists (a,b,c) and range(); an interval needs a search: "
                          f"rlhf-run -m hydra/sweeper=optuna {b}" for b in bad])
-    combos = BasicSweeper.split_arguments(parsed, None)[0]
-    return [Job(i, list(combo)) for i, combo in enumerate(combos)]
+    choices: dict[str, list[str]] = {}  # insertion-ordered: a repeated key keeps its first place
+    for ov in parsed:
+        key = ov.get_key_element()
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+        choices[key] = [f"{key}={v}" for v in values]
+    return [Job(i, list(combo)) for i, combo in enumerate(itertools.product(*choices.values()))]
 
 
 def sweeper_of(overrides: Sequence[str], config_dir: Optional[str], config_name: str) -> tuple[str, Any]:

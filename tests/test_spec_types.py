@@ -1,6 +1,7 @@
 """Every ``spec`` in rlhf/ says what it is: a parameter or attribute named ``spec`` or ``*_spec`` is
 annotated, and not with ``Any`` (``RunSpec``, or the part it takes: ``ModelSpec``, ``DataSpec``, ...),
-so a reader can go from any function to the fields it may read."""
+so a reader can go from any function to the fields it may read. So do the run's ``cluster``
+(``rlhf.launch.cluster.Cluster``), ``tracker`` and ``console`` (``rlhf.track.tracker``)."""
 
 from __future__ import annotations
 
@@ -25,19 +26,27 @@ def _vague(annotation: ast.expr | None) -> bool:
     return text in VAGUE
 
 
-def untyped_specs(source: str, filename: str) -> list[str]:
-    """``file:line name`` of every spec parameter (functions, methods, lambdas excluded) or class
-    attribute that is unannotated or annotated as Any."""
+def _is_run_part(name: str) -> bool:
+    return name in ("cluster", "tracker", "console")
+
+
+# files another branch is rewriting (the agent loop); their signatures follow once it lands
+PENDING = {"rlhf/loops/rl.py", "rlhf/loops/async_rl.py", "rlhf/envs/rollout.py"}
+
+
+def untyped_specs(source: str, filename: str, named=_is_spec) -> list[str]:
+    """``file:line name`` of every parameter (functions, methods, lambdas excluded) or class
+    attribute whose name ``named`` picks (a spec by default) that is unannotated or annotated as Any."""
     out = []
     for node in ast.walk(ast.parse(source, filename=filename)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             for arg in a.posonlyargs + a.args + a.kwonlyargs:
-                if _is_spec(arg.arg) and _vague(arg.annotation):
+                if named(arg.arg) and _vague(arg.annotation):
                     out.append(f"{filename}:{arg.lineno} {node.name}({arg.arg})")
         elif isinstance(node, ast.ClassDef):
             for st in node.body:
-                if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and _is_spec(st.target.id)
+                if (isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and named(st.target.id)
                         and _vague(st.annotation)):
                     out.append(f"{filename}:{st.lineno} {node.name}.{st.target.id}")
     return out
@@ -49,6 +58,16 @@ def test_every_spec_in_rlhf_is_typed():
         found += untyped_specs(path.read_text(), path.relative_to(ROOT).as_posix())
     assert not found, ("annotate these with RunSpec (rlhf.spec.runspec) or the part they take "
                        "(rlhf.spec.schema):\n" + "\n".join(found))
+
+
+def test_every_cluster_tracker_and_console_in_rlhf_is_typed():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name not in PENDING:
+            found += untyped_specs(path.read_text(), name, named=_is_run_part)
+    assert not found, ("annotate these with rlhf.launch.cluster.Cluster, rlhf.track.tracker.Tracker or "
+                       "Console (Optional[...] where None is allowed):\n" + "\n".join(found))
 
 
 def test_finder_sees_params_attributes_and_any():
@@ -64,3 +83,5 @@ def test_finder_sees_params_attributes_and_any():
     )
     assert untyped_specs(src, "f.py") == ["f.py:2 a(spec)", "f.py:3 b(model_spec)", "f.py:6 K.spec",
                                           "f.py:8 m(reward_spec)"]
+    parts = "def run(spec: RunSpec, cluster: Any, tracker: Tracker, console=None): ...\n"
+    assert untyped_specs(parts, "g.py", named=_is_run_part) == ["g.py:1 run(cluster)", "g.py:1 run(console)"]

@@ -25,7 +25,7 @@ HOPS = [
     ("rlhf/loops/rl.py", "scatter_update", "scatter_async"),
     ("rlhf/launch/group.py", "ActorGroup.scatter_async", "remote"),
     ("rlhf/launch/group.py", "Host.call", "workers"),  # the colocated host (CPU hybrid) calls its worker
-    ("rlhf/workers/train.py", "PolicyWorker.update", "policy_loss_terms"),
+    ("rlhf/workers/policy.py", "PolicyWorker.update", "policy_loss_terms"),
     ("rlhf/algos/objective.py", "policy_loss_terms", "POLICY_LOSSES"),
     ("rlhf/algos/losses.py", "clipped_policy_loss", "policy_loss"),
 ]

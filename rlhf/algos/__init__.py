@@ -1,5 +1,5 @@
 """Pure-torch RL algorithm core: advantages, KL, reward shaping, losses, the RL objective,
-preference losses and sample filters. No distributed/engine dependencies.
+preference losses, the offline algorithms' objectives (``offline``) and sample filters. No distributed/engine dependencies.
 
 Importing the package imports no torch: ``rlhf.algos.registry`` (the names of the algorithm parts
 and their metadata) is read by the torch-free spec. The names below load their module on first

@@ -6,7 +6,7 @@ Two halves, called from two places:
   shaping (DAPO's overlong penalty, batch normalisation and clipping of the scores), the KL
   penalty in the reward, the registered advantage estimator (``algo.estimator``) and the
   whitening of its advantages;
-* ``policy_loss_terms`` (the policy worker, ``rlhf.workers.train``, per micro-batch): the
+* ``policy_loss_terms`` (the policy worker, ``rlhf.workers.policy``, per micro-batch): the
   registered policy loss (``algo.policy_loss``), minus the entropy bonus, plus the KL loss,
   aggregated by ``algo.loss_agg`` with the optimizer step's global denominator
   (``rlhf.algos.losses.micro_batch_loss``), and the statistics the worker logs.

@@ -22,11 +22,13 @@ critic; ``final/adapter`` a LoRA policy's adapter), the same contract as the sft
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from rlhf.ckpt.manager import CheckpointInfo, CheckpointManager, find_latest
+from rlhf.launch.cluster import Cluster
 from rlhf.spec.runspec import RunSpec
-from rlhf.workers.train import CriticWorker, PolicyWorker
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.policy import PolicyWorker
 
 TRAINED_ROLES = ("actor", "critic")
 
@@ -36,11 +38,11 @@ def manager(spec: RunSpec, run_dir: str) -> CheckpointManager:
     return CheckpointManager(run_dir, every=c.every, keep_last=c.keep_last, best_metric=c.best_metric)
 
 
-def _groups(cluster: Any) -> list:
+def _groups(cluster: Cluster) -> list:
     return [g for g in (cluster.actor, cluster.critic) if g is not None]
 
 
-def save(spec: RunSpec, ckpt: CheckpointManager, step: int, cluster: Any, driver_state: dict,
+def save(spec: RunSpec, ckpt: CheckpointManager, step: int, cluster: Cluster, driver_state: dict,
          metrics: Optional[dict] = None) -> Path:
     """Checkpoint after ``step`` finished steps (``driver_state['step']`` = the next step to run)."""
     import torch
@@ -77,7 +79,7 @@ def latest(spec: RunSpec, run_dir: str) -> Optional[CheckpointInfo]:
     return find_latest(src)
 
 
-def restore(info: CheckpointInfo, cluster: Any) -> dict:
+def restore(info: CheckpointInfo, cluster: Cluster) -> dict:
     """Load every trained role's DeepSpeed state and RNG; return the driver state (its RNG set)."""
     import torch
 
@@ -90,7 +92,7 @@ def restore(info: CheckpointInfo, cluster: Any) -> dict:
     return state
 
 
-def export_final(spec: RunSpec, cluster: Any, run_dir: str) -> str:
+def export_final(spec: RunSpec, cluster: Cluster, run_dir: str) -> str:
     """``<run_dir>/final/hf`` (policy) and ``final/critic_hf`` (PPO), from_pretrained-ready. The
     policy's comes last: each is renamed into place whole, and ``final/hf`` is what ``resume=``
     takes for a finished export."""

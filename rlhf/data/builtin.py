@@ -22,6 +22,7 @@ import random
 from pathlib import Path
 
 from rlhf.paths import cache_dir
+from rlhf.rewards.builtin import STOP_CREDIT, score  # noqa: F401 - the task's reward, named here too
 
 VERSION = 8
 N_KEYS = 8
@@ -52,18 +53,6 @@ def answer_for(keys: list[str]) -> str:
 
 def prompt_for(keys: list[str]) -> str:
     return "key " + " ".join(keys)
-
-
-STOP_CREDIT = 0.25
-
-
-def score(response: str, answer: str) -> float:
-    """(1 - STOP_CREDIT) × the fraction of answer positions with the right value, plus STOP_CREDIT
-    when the response stops right after the answer's length (EOS). In [0, 1]; only the exact
-    answer followed by EOS scores 1."""
-    got, want = response.split(), answer.split()
-    matched = sum(1 for g, w in zip(got, want) if g == w) / len(want)
-    return (1.0 - STOP_CREDIT) * matched + (STOP_CREDIT if len(got) == len(want) else 0.0)
 
 
 def rows(split: str) -> list[dict]:

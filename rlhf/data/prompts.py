@@ -1,5 +1,5 @@
 """Prompt data for RL: read jsonl/json/parquet files (or ``builtin:<task>/<split>``), then serve
-rows step by step in a seeded order.
+rows step by step in a seeded order, and turn their prompts into token ids.
 
 Each row is a dict; the prompt text is ``row[spec.data.prompt_key]`` (rendered through the
 tokenizer's chat template as a user message when ``data.chat_template`` is true); every other
@@ -12,6 +12,7 @@ import random
 from typing import Any, Optional, Sequence
 
 from rlhf.spec.errors import UserError
+from rlhf.spec.runspec import RunSpec
 from rlhf.spec.schema import DataSpec
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -127,3 +128,15 @@ def render_prompt(row: dict, data_spec: DataSpec, tokenizer) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": str(text)}], tokenize=False,
                                              add_generation_prompt=True)
     return str(text)
+
+
+def tokenize_prompts(spec: RunSpec, tokenizer, rows: list[dict]) -> list[list[int]]:
+    """Each row's prompt rendered (chat template or plain) and tokenised; an over-long prompt keeps
+    its last ``rollout.max_prompt_tokens`` tokens."""
+    out = []
+    for row in rows:
+        text = render_prompt(row, spec.data, tokenizer)
+        templated = spec.data.chat_template or isinstance(row[spec.data.prompt_key], list)
+        ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+        out.append(ids[-spec.rollout.max_prompt_tokens:])  # keep the end of an over-long prompt
+    return out

@@ -331,7 +331,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
 def scored_index(keep: torch.Tensor) -> torch.Tensor:
     """The flat positions ``[N]`` in the ``[B * T]`` layout, row by row, of the tokens whose
     log-probs a supervised objective takes (``keep [B, T]``, without each row's position 0, which
-    nothing predicts). Found here on the host: ``rlhf.loops.objectives.token_logps`` selects and
+    nothing predicts). Found here on the host: ``rlhf.algos.offline.token_logps`` selects and
     scatters with them, where a boolean mask would make the device report its count to the host."""
     keep = keep.to(torch.bool).clone()
     keep[:, 0] = False
@@ -340,7 +340,7 @@ def scored_index(keep: torch.Tensor) -> torch.Tensor:
 
 def padding_free_index(seg: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
     """Where the real tokens of right-padded rows sit, for the padding-free pass of the supervised
-    objectives (``rlhf.loops.objectives.backbone_hidden``), found here on the host so that the
+    objectives (``rlhf.algos.offline.backbone_hidden``), found here on the host so that the
     worker's pass reads no device value back: ``real_index [N]`` their flat positions in the
     ``[B * T]`` layout, row by row; ``cu_seqlens [n + 1]`` (int32) where each example starts among
     them (at its position id 0) and where the last ends; ``max_len`` the longest example, an int."""

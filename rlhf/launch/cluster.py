@@ -39,10 +39,10 @@ from rlhf.spec.nodes import held_devices, node_of
 from rlhf.spec.runspec import RunSpec
 
 ROLE_CLASSES = {
-    "actor": ("rlhf.workers.train", "PolicyWorker"),
-    "critic": ("rlhf.workers.train", "CriticWorker"),
-    "reference": ("rlhf.workers.train", "ReferenceWorker"),
-    "reward": ("rlhf.workers.train", "RewardModelWorker"),
+    "actor": ("rlhf.workers.policy", "PolicyWorker"),
+    "critic": ("rlhf.workers.critic", "CriticWorker"),
+    "reference": ("rlhf.workers.frozen", "ReferenceWorker"),
+    "reward": ("rlhf.workers.frozen", "RewardModelWorker"),
     "rollout": ("rlhf.workers.rollout", "RolloutWorker"),
 }
 

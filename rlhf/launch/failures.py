@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Optional
+from typing import Optional
 
-from rlhf.rollout import registry as engines
+from rlhf.launch.cluster import Cluster
 from rlhf.plan.oom import causes
-from rlhf.spec.nodes import held_devices, node_of, rank_devices
 from rlhf.plan.render import ranges
+from rlhf.rollout import registry as engines
+from rlhf.spec.nodes import held_devices, node_of, rank_devices
 from rlhf.spec.runspec import RunSpec
 
 # torch's NCCL watchdog, its blocking wait (TORCH_NCCL_BLOCKING_WAIT=1), gloo; a work's "Timeout(ms)=" alone
@@ -48,7 +49,7 @@ def mark(e: BaseException, phase: str, step: int) -> None:
             pass
 
 
-def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
+def worker_failure(e: BaseException, cluster: Cluster) -> Optional[str]:
     """The one line for a dead worker, a dead rollout engine or a collective timeout; None for
     any other error."""
     try:
@@ -157,7 +158,7 @@ def _actor_id(e: BaseException) -> Optional[str]:
     return aid if isinstance(aid, str) else None
 
 
-def _roles_of(cluster: Any, actor_id: Optional[str]) -> tuple[list[str], Optional[int]]:
+def _roles_of(cluster: Cluster, actor_id: Optional[str]) -> tuple[list[str], Optional[int]]:
     """The roles held by the actor (several when one process holds them: CPU hybrid) and its rank."""
     roles, rank = [], None
     if cluster is not None and actor_id:
@@ -176,7 +177,7 @@ def _during(where: Optional[tuple[str, int]]) -> str:
     return f"during {'the weight sync' if phase == 'sync' else f'the {phase} phase'} of step {step}"
 
 
-def _subject(cluster: Any, roles: list[str], rank: Optional[int]) -> str:
+def _subject(cluster: Cluster, roles: list[str], rank: Optional[int]) -> str:
     """``rollout engine 0 (GPU 1)``, ``actor rank 2 (node 1, GPU 2)``, or the process holding several."""
     if not roles:
         return "a worker process"
@@ -193,7 +194,7 @@ def _subject(cluster: Any, roles: list[str], rank: Optional[int]) -> str:
     return name + (f" ({', '.join(where)})" if where else "")
 
 
-def _timeout_line(cluster: Any, roles: list[str], rank: Optional[int],
+def _timeout_line(cluster: Cluster, roles: list[str], rank: Optional[int],
                   timeout: tuple[Optional[float], Optional[str], str], where: Optional[tuple[str, int]],
                   died: bool) -> str:
     seconds, backend, text = timeout
@@ -215,7 +216,7 @@ def _timeout_line(cluster: Any, roles: list[str], rank: Optional[int],
             f"than torch's default collective timeout, which this run does not change, or {links}.")
 
 
-def _group(cluster: Any, role: str) -> str:
+def _group(cluster: Cluster, role: str) -> str:
     """``actor ranks 0-3 (GPUs 0-3)``, ``rollout engines 0-1 (GPUs 4-7)``: a role's whole group."""
     spec = getattr(cluster, "spec", None)
     if spec is None or role not in spec.roles:
@@ -238,7 +239,7 @@ def _gpus(spec: RunSpec, devs: tuple[int, ...]) -> str:
     return f"{'GPU' if len(local) == 1 else 'GPUs'} {ranges(local)}"
 
 
-def _last_checkpoint(cluster: Any) -> str:
+def _last_checkpoint(cluster: Cluster) -> str:
     if cluster is None:
         return ""
     try:
@@ -251,7 +252,7 @@ def _last_checkpoint(cluster: Any) -> str:
             else " No checkpoint was written yet.")
 
 
-def _worker_gpus(cluster: Any, role: str, rank: Optional[int]) -> Optional[str]:
+def _worker_gpus(cluster: Cluster, role: str, rank: Optional[int]) -> Optional[str]:
     """``GPU 3`` (``GPUs 4-7`` for a tensor-parallel engine), numbered within its node, on a GPU run."""
     spec = getattr(cluster, "spec", None)
     if spec is None or spec.device != "cuda" or rank is None:
@@ -259,7 +260,7 @@ def _worker_gpus(cluster: Any, role: str, rank: Optional[int]) -> Optional[str]:
     return _gpus(spec, held_devices(spec)[role][rank])
 
 
-def _worker_node(cluster: Any, role: str, rank: Optional[int]) -> Optional[int]:
+def _worker_node(cluster: Cluster, role: str, rank: Optional[int]) -> Optional[int]:
     """The plan node of a role's rank, when the run has several nodes."""
     if cluster is None or not cluster.nodes or rank is None:
         return None
@@ -267,7 +268,7 @@ def _worker_node(cluster: Any, role: str, rank: Optional[int]) -> Optional[int]:
     return node_of(cluster.spec, rank_devices(cluster.spec)[role][rank])
 
 
-def _lost_node(cluster: Any, k: int, actor_id: str, wait_s: float = 30.0) -> Optional[str]:
+def _lost_node(cluster: Cluster, k: int, actor_id: str, wait_s: float = 30.0) -> Optional[str]:
     """The subject of the error line, node K (Ray node ..., holding <its ranks>), when plan node
     ``k``, where the dead worker ran, is gone; None when the worker alone died.
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import Launched, launch, sampling_for
-from rlhf.rollout.prompts import tokenize_prompts
+from rlhf.data.prompts import tokenize_prompts
 from rlhf.spec.runspec import RunSpec
 
 

@@ -23,17 +23,19 @@ own length-normalised ranking.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from rlhf.algos.offline import DPOObjective, SequenceLogps
 from rlhf.algos.preference import kto_loss, pair_preference_loss
+from rlhf.launch.cluster import Cluster
 from rlhf.loops import supervised as sup
-from rlhf.loops.objectives import DPOObjective, SequenceLogps
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console, Tracker
 
 
-def prepare(spec: RunSpec, console: Any = None) -> sup.Prepared:
+def prepare(spec: RunSpec, console: Optional[Console] = None) -> sup.Prepared:
     """The train/eval units, tokenised in the driver before the cluster starts: pairs, or kto's
     unpaired examples (held out as pairs when the held-out rows are pairs)."""
     if spec.algo.loss_type == "kto":
@@ -46,7 +48,7 @@ def _tokens(units: list) -> torch.Tensor:
     return torch.tensor([[len(r) for r in u.responses()] for u in units], dtype=torch.float32).reshape(len(units), 2)
 
 
-def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
+def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     from rlhf.data.preference import Unpaired
 

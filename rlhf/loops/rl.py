@@ -29,15 +29,17 @@ from rlhf import algos
 from rlhf.algos import objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
-from rlhf.data.prompts import PromptSource
+from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.quoting import resume_command
 from rlhf.rewards import Rewards
+from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
-from rlhf.rollout.prompts import score_samples, tokenize_prompts
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.schedule import make_schedule
-from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.frozen import ReferenceWorker
+from rlhf.workers.policy import PolicyWorker
 
 
 class Phases:

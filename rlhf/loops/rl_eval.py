@@ -32,11 +32,13 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.data.prompts import read_rows
+from rlhf.data.prompts import read_rows, tokenize_prompts
+from rlhf.launch.cluster import Cluster
+from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.rollout.generate import generate
-from rlhf.rollout.prompts import score_samples, tokenize_prompts
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console
 
 
 def source_name(name: str) -> str:
@@ -45,7 +47,7 @@ def source_name(name: str) -> str:
 
 
 class Evaluator:
-    def __init__(self, spec: RunSpec, cluster: Any, tokenizer, rewards, console: Any = None):
+    def __init__(self, spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None):
         self.spec, self.cluster, self.tokenizer, self.rewards = spec, cluster, tokenizer, rewards
         rows: list[dict] = []
         for f in spec.data.eval_files:
@@ -119,7 +121,7 @@ def _metrics(prefix: str, greedy: torch.Tensor, sampled: torch.Tensor, threshold
     }
 
 
-def make_evaluator(spec: RunSpec, cluster: Any, tokenizer, rewards, console: Any = None) -> Optional[Evaluator]:
+def make_evaluator(spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None) -> Optional[Evaluator]:
     if spec.eval.every <= 0 or not spec.data.eval_files:
         return None
     return Evaluator(spec, cluster, tokenizer, rewards, console)

@@ -15,19 +15,21 @@ micro-batch's sequences into shared rows.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from rlhf.algos.offline import RMObjective, SequenceScores
+from rlhf.launch.cluster import Cluster
 from rlhf.loops import supervised as sup
-from rlhf.loops.objectives import RMObjective, SequenceScores
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console, Tracker
 
 
 prepare = sup.prepare_pairs  # the train/eval pairs, tokenised in the driver before the cluster starts
 
 
-def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str,
+def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run_dir: str,
         prepared: Optional[sup.Prepared] = None) -> dict[str, float]:
     prepared = prepared or prepare(spec, console)
     pairs, eval_pairs, counts, steps_per_epoch = sup.start_pairs(spec, prepared, tracker)

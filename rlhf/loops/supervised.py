@@ -35,12 +35,14 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from rlhf.data.files import Records, load_files, split_eval
+from rlhf.launch.cluster import Cluster
 from rlhf.quoting import resume_command
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.tokens import sequence_tokens
+from rlhf.track.tracker import Console, Tracker
+from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.schedule import combine_ranks
-from rlhf.workers.train import PolicyWorker
 
 MB = dict[str, torch.Tensor]
 
@@ -173,8 +175,8 @@ class Log:
     """metrics.jsonl, the tracker and the console of a supervised run."""
 
     spec: RunSpec
-    tracker: Any
-    console: Any
+    tracker: Tracker
+    console: Console
     run_dir: str
     history: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
@@ -201,7 +203,7 @@ class Log:
         self.file.close()
 
 
-def start_pairs(spec: RunSpec, prepared: Prepared, tracker: Any) -> tuple[list, list, dict[str, float], int]:
+def start_pairs(spec: RunSpec, prepared: Prepared, tracker: Tracker) -> tuple[list, list, dict[str, float], int]:
     """A preference run's train and eval pairs, their counts (logged at step 0) and the optimizer
     steps per epoch (checked against the batch)."""
     counts = prepared.counts()
@@ -222,7 +224,7 @@ def pair_summary(before: dict[str, float], after: dict[str, float], n_steps: int
     return out
 
 
-def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, Any], console: Any) -> str:
+def export_final(spec: RunSpec, cluster: Cluster, run_dir: str, summary: dict[str, Any], console: Console) -> str:
     from rlhf.ckpt.training import exporting
 
     final = Path(run_dir) / "final"
@@ -235,7 +237,7 @@ def export_final(spec: RunSpec, cluster: Any, run_dir: str, summary: dict[str, A
     return str(final / "hf")
 
 
-def total_steps(spec: RunSpec, steps_per_epoch: int, console: Any = None) -> int:
+def total_steps(spec: RunSpec, steps_per_epoch: int, console: Optional[Console] = None) -> int:
     n = steps_per_epoch * spec.algo.epochs
     if console is not None and hasattr(console, "set_total"):
         console.set_total(n)
@@ -264,7 +266,7 @@ class Prepared:
         return out
 
 
-def prepare_with(spec: RunSpec, console: Any, build: Callable, what: str) -> Prepared:
+def prepare_with(spec: RunSpec, console: Console, build: Callable, what: str) -> Prepared:
     """Load train/eval records and tokenise them with ``build(records, tokenizer, data, L, what=)``."""
     tok = tokenizer_for(spec)
     L = max_length(spec)
@@ -288,7 +290,7 @@ def prepare_with(spec: RunSpec, console: Any, build: Callable, what: str) -> Pre
     return Prepared(tokenizer=tok, max_length=L, train=train, eval=evals, reports=[rep_tr, rep_ev])
 
 
-def prepare_pairs(spec: RunSpec, console: Any = None) -> Prepared:
+def prepare_pairs(spec: RunSpec, console: Optional[Console] = None) -> Prepared:
     """rm and dpo: read and tokenise the train/eval preference pairs (in the driver, before the
     cluster starts)."""
     from rlhf.data.preference import build_pairs
@@ -356,7 +358,7 @@ def keep_metrics_before(path: Path, start: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-def train_epochs(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str, *, n_units: int,
+def train_epochs(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run_dir: str, *, n_units: int,
                  steps_per_epoch: int, shards_of: Callable[[list[int]], list[list[MB]]], objective: Any,
                  step_metrics: Callable[[dict[str, float]], dict[str, float]],
                  evaluate: Callable[[], dict[str, float]]) -> tuple[dict[str, float], dict[str, float], int]:

@@ -132,8 +132,8 @@ def _check(spec: RunSpec, name: str, overrides: Sequence[str]) -> Optional[Sugge
 
 def lora_overrides(spec: RunSpec) -> Optional[list[str]]:
     """The overrides that train LoRA adapters (rank LORA_RANK, alpha twice it) instead of every
-    weight; None when LoRA is on already or the algo kind takes none (``validate.LORA_KINDS``)."""
-    from rlhf.spec.validate import LORA_KINDS
+    weight; None when LoRA is on already or the algo kind takes none (``rlhf.spec.rules.model.LORA_KINDS``)."""
+    from rlhf.spec.rules.model import LORA_KINDS
 
     if spec.model.lora.rank > 0 or spec.algo.kind not in LORA_KINDS:
         return None

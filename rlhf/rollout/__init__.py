@@ -12,7 +12,6 @@ multi-turn environments share around them.
     vllm_ext.py   the methods vLLM's own workers get for weight sync (worker_extension_cls)
     generate.py   generate(engines, prompts, sampling): prompts sharded over the engines, order kept;
                   sampling_for: the seeds of a step's prompts
-    prompts.py    tokenize_prompts, score_samples (reward functions + reward model)
 
 The engines run inside ``rlhf.workers.rollout.RolloutWorker`` (Ray actors; the run's kind makes
 one there); nothing here imports vLLM at module level, and nothing outside this package compares

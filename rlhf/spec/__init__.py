@@ -4,6 +4,7 @@
     schema.py    the dataclasses of every section, registered in Hydra's ConfigStore
     runspec.py   the built spec's types (RunSpec, BatchPlan, Decision)
     validate.py  every check, collected (each message names the key, the value and a fix)
+    rules/       the checks, a module per section
     shape.py     the model's architecture numbers from its config.json
     tokens.py    how many tokens one training pass holds
     nodes.py     which node holds which device

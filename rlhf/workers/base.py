@@ -58,7 +58,7 @@ def skip_unused_imports() -> None:
 
 def offloads_optimizer(spec: RunSpec, role: str) -> bool:
     """``role``'s process steps DeepSpeed's CPU Adam: a trained role of a GPU run with the optimizer
-    offloaded (ZeRO >= 1; rlhf.workers.train)."""
+    offloaded (ZeRO >= 1; rlhf.workers.trained)."""
     return (spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0
             and role in ("actor", "critic"))
 

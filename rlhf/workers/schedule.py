@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rlhf.launch.cluster import Cluster
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
+from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
-from rlhf.workers.train import PolicyWorker, TrainedWorker
+from rlhf.workers.trained import TrainedWorker
 
 
 # vLLM's sleep level 2 frees its weights as well as its KV cache: every step's sync rewrites them all
@@ -33,7 +35,7 @@ class Schedule:
     """Moves the run's models between the generate and train phases; ``weights`` sends the
     trained policy to the rollout engines (``send() -> metrics``). Both phases return metrics."""
 
-    def __init__(self, spec: RunSpec, cluster: Any, weights: Any) -> None:
+    def __init__(self, spec: RunSpec, cluster: Cluster, weights: Any) -> None:
         # memory moves on GPU when the engine sleeps and shares its devices with the trained roles
         hybrid = spec.device == "cuda" and engines.kind(spec).sleeps and spec.layout.rollout_beside_training
         self.weights = weights
@@ -71,7 +73,7 @@ class Schedule:
         return out
 
 
-def make_schedule(spec: RunSpec, cluster: Any) -> Schedule:
+def make_schedule(spec: RunSpec, cluster: Cluster) -> Schedule:
     """The run's schedule; its weight transport is set up first (the GPU senders need the
     engines' handles before any state moves)."""
     return Schedule(spec, cluster, make_transport(spec, cluster))

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf.launch.cluster import Cluster
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
+from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.rollout import RolloutWorker
-from rlhf.workers.train import PolicyWorker
 
 
 class ObjectStoreTransport:
@@ -38,7 +39,7 @@ class ObjectStoreTransport:
         return {}
 
 
-def make_transport(spec: RunSpec, cluster: Any) -> Any:
+def make_transport(spec: RunSpec, cluster: Cluster) -> Any:
     """The weight transport for the run's device and rollout engine: on GPU, the senders when the
     engine takes weights on the device (``EngineKind.device_weights``)."""
     if spec.device == "cuda" and engines.kind(spec).device_weights:
@@ -55,7 +56,7 @@ class CudaTransport:
     way around the send is ``rlhf.workers.schedule``'s job.
     """
 
-    def __init__(self, cluster: Any, bucket_mb: int = 512) -> None:
+    def __init__(self, cluster: Cluster, bucket_mb: int = 512) -> None:
         import ray
 
         self.actor = cluster.actor

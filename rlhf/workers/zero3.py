@@ -26,7 +26,7 @@ def equal_head_rows(hidden: torch.Tensor, tokens: torch.Tensor, head,
     rank's own count, the outputs' rows to keep. Otherwise the inputs come back as they are.
 
     ``most``: that largest count where the caller agreed it beforehand (every rank the same value;
-    ``rlhf.workers.train`` does it once for all its micro-batches, the supervised loops' driver in
+    ``rlhf.workers.model`` does it once for all its micro-batches, the supervised loops' driver in
     each micro-batch, ``rlhf.loops.supervised.agree_head_rows``); without it the ranks agree here,
     a collective and a read of its result on the host at each call."""
     import torch.distributed as dist

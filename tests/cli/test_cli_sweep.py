@@ -106,6 +106,22 @@ def test_expand_is_the_cartesian_product():
     assert [j.overrides for j in sweep.expand(["a=1", "a=2,3", "hydra.job.chdir=true"])] == [["a=2"], ["a=3"]]
 
 
+@pytest.mark.parametrize("overrides", [
+    ["a.b=1,2", "algo=grpo,ppo,rloo", "x=3"],
+    ["a=1", "b=range(1,4)", "a=2,3", "c=x,y"],
+    ["+new=1,2", "~gone", "s='p,q',r", "l=[1,2],[3]", "c=choice(u,v)", "n=null"],
+])
+def test_expand_runs_what_hydras_basic_sweeper_runs(overrides):
+    """rlhf.sweep enumerates the grid itself (Hydra's BasicSweeper is private API); Hydra still runs
+    it, so both must give the same jobs in the same order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    from rlhf.config import parse_overrides
+
+    hydra_jobs = BasicSweeper.split_arguments(parse_overrides(overrides), None)[0]
+    assert [j.overrides for j in sweep.expand(overrides)] == [list(c) for c in hydra_jobs]
+
+
 def test_an_interval_with_the_basic_sweeper_exits_2(capsys, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     assert cli.main(["-m", "algo.lr=interval(1e-6,1e-3)", "--plan"]) == 2

@@ -120,7 +120,7 @@ def test_supervised_padding_free_bf16_matches_padded():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlhf.data import sft as S
-    from rlhf.loops import objectives as O
+    from rlhf.algos import offline as O
 
     torch.manual_seed(4)
     cfg = Qwen2Config(vocab_size=4096, hidden_size=896, intermediate_size=4864, num_hidden_layers=4,

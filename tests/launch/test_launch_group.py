@@ -43,7 +43,7 @@ def test_start_asks_rank_0_for_the_address_then_every_rank_joins_it(ranks):
 
 
 def test_call_and_scatter_answer_in_rank_order_and_shard_i_goes_to_rank_i(ranks):
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     log, group = ranks
     assert group.call(PolicyWorker.save_hf, "/out") == [(r, "save_hf", ("/out",)) for r in range(3)]

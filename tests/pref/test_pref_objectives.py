@@ -11,7 +11,7 @@ import torch
 from rlhf.data import preference as P
 from rlhf.data import sft as S
 from rlhf.data.batch import collate as rl_collate
-from rlhf.loops import objectives as O
+from rlhf.algos import offline as O
 from rlhf.loops import supervised as sup
 
 
@@ -147,7 +147,7 @@ def test_rl_reward_worker_reads_the_trained_position_also_when_eos_pads(keymap_t
 
     from rlhf.data.packing import pack
     from rlhf.models.varlen import use_varlen
-    from rlhf.workers.train import packed_last_token_scores
+    from rlhf.workers.frozen import packed_last_token_scores
 
     varlen = copy.deepcopy(rm)
     use_varlen(varlen)
@@ -255,9 +255,9 @@ def test_padding_free_supervised_passes_equal_the_masked_padded_ones(keymap_tok)
 
 def test_objective_stats_stay_on_the_device_and_sum_once_as_read_per_micro_batch(keymap_tok):
     """A training worker sums the objectives' stats on the device over its micro-batches and reads
-    them once (``rlhf.workers.train._StatSums``, as the RL update does): nothing an objective
+    them once (``rlhf.workers.policy.StatSums``, as the RL update does): nothing an objective
     returns was read back to the host, and the once-read sums equal reading every micro-batch's."""
-    from rlhf.workers.train import _StatSums
+    from rlhf.workers.policy import StatSums
 
     lm, rm = _models(len(keymap_tok))
     pairs = _pairs(keymap_tok)
@@ -279,7 +279,7 @@ def test_objective_stats_stay_on_the_device_and_sum_once_as_read_per_micro_batch
         sft.append(mb)
     for model, objective, mbs in ((lm, O.SFTObjective(), sft), (lm, O.DPOObjective(beta=0.2), pref),
                                   (rm, O.RMObjective(margin=0.5), pref)):
-        once, read_each = _StatSums(), {}
+        once, read_each = StatSums(), {}
         for mb in mbs:
             with torch.no_grad():
                 _, st = objective(model, mb)
@@ -325,7 +325,7 @@ def test_the_padding_free_pass_reads_nothing_back_from_the_device(keymap_tok):
     import copy
 
     from rlhf.models.varlen import use_varlen
-    from rlhf.workers.train import _to
+    from rlhf.workers.model import to_device
 
     lm, rm = _models(len(keymap_tok))
     pairs = _pairs(keymap_tok)
@@ -345,7 +345,7 @@ def test_the_padding_free_pass_reads_nothing_back_from_the_device(keymap_tok):
             lengths = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
             assert sum(lengths) == int(real.sum()) and max(lengths) == mb["max_len"]
             assert _host_reads(lambda: O.backbone_hidden(varlen, mb)) == []
-            moved = _to(mb, "cpu")
+            moved = to_device(mb, "cpu")
             assert moved["max_len"] == mb["max_len"] and type(moved["max_len"]) is int
 
 
@@ -353,7 +353,7 @@ def test_the_padding_free_pass_reads_nothing_back_from_the_device(keymap_tok):
 def test_workers_hand_the_objectives_their_spec_compile_flag(flag):
     """The objectives are built in the driver without ``train.compile_logprobs``; the worker that runs
     them passes its own spec's value with every call (evaluation and training share ``_run_fn``)."""
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     worker = PolicyWorker.__new__(PolicyWorker)  # the method under test, without Ray or DeepSpeed
     worker.module, worker.device = torch.nn.Linear(2, 2).train(), "cpu"

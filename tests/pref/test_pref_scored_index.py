@@ -15,7 +15,7 @@ import torch
 
 from rlhf.data import preference as P
 from rlhf.data import sft as S
-from rlhf.loops import objectives as O
+from rlhf.algos import offline as O
 from rlhf.loops import supervised as sup
 from rlhf.models.varlen import use_varlen
 from tests.pref.test_pref_objectives import _models, _pairs
@@ -184,7 +184,7 @@ def test_a_worker_copies_its_micro_batches_to_the_device_without_waiting_for_it(
     returns). Checked on the meta device, where the copy's arguments show."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from rlhf.workers.train import _to
+    from rlhf.workers.model import to_device
 
     copies = []
 
@@ -198,7 +198,7 @@ def test_a_worker_copies_its_micro_batches_to_the_device_without_waiting_for_it(
     row.add([5, 6, 7, 8], [0, 0, 1, 1], 0)
     mb = S.collate([row], 0)
     with Record():
-        moved = _to(mb, "meta")
+        moved = to_device(mb, "meta")
     tensors = [k for k, v in mb.items() if torch.is_tensor(v)]
     assert copies == [True] * len(tensors) and all(moved[k].is_meta for k in tensors)
     assert moved["max_len"] == mb["max_len"]

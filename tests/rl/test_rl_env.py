@@ -50,7 +50,7 @@ def test_feedback_tokens_are_masked(tmp_path, monkeypatch):  # no Ray: an in-pro
     from rlhf.data.batch import collate
     from rlhf.envs.rollout import env_loss_mask, env_rollout
     from rlhf.rollout.generate import sampling_for
-    from rlhf.rollout.prompts import tokenize_prompts
+    from rlhf.data.prompts import tokenize_prompts
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     spec = make_spec(ENV + ["env.max_turns=3", "algo.group_size=2"], tmp_path / "x")
@@ -89,7 +89,7 @@ def test_later_turns_sample_unseeded_when_the_run_is_unseeded(tmp_path, monkeypa
 
     from rlhf.envs import rollout as env_mod
     from rlhf.rollout.generate import sampling_for
-    from rlhf.rollout.prompts import tokenize_prompts
+    from rlhf.data.prompts import tokenize_prompts
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(env_mod, "sampling_for",

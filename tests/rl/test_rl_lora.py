@@ -92,7 +92,7 @@ def test_merged_weights_equal_w_plus_scaled_ba(arch):
 
     from rlhf.models.lora import merged_state_dict
     from rlhf.workers.sync_cuda import WeightSource
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     cfg, model, initial = _tiny_lora_model(arch=arch)
     _train_a_few_steps(model)

@@ -120,7 +120,7 @@ def test_70b_loading_does_not_fit_the_host(capsys):
     (["algo=grpo"], ["model.lora.rank=16", "model.lora.alpha=32"]),
     (["algo=sft"], ["model.lora.rank=16", "model.lora.alpha=32"]),
     (["algo=grpo", "model.lora.rank=8"], None),  # on already
-    (["algo=rm"], None),  # a reward model takes no adapters (validate.LORA_KINDS)
+    (["algo=rm"], None),  # a reward model takes no adapters (rlhf.spec.rules.model.LORA_KINDS)
 ])
 def test_lora_is_suggested_only_where_it_builds(argv, expected):
     from rlhf.plan.advice import apply, lora_overrides

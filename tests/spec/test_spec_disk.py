@@ -117,7 +117,8 @@ def measure_checkpoints() -> None:
 
     import torch
 
-    from rlhf.workers.train import CriticWorker, PolicyWorker
+    from rlhf.workers.critic import CriticWorker
+    from rlhf.workers.policy import PolicyWorker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

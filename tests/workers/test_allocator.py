@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlhf.workers import allocator, sync_cuda
-from rlhf.workers.train import _Model
+from rlhf.workers.model import ModelWorker
 
 getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
 pytestmark = pytest.mark.skipif(getter is None, reason="this torch has no allocator-settings getter")
@@ -31,13 +31,13 @@ def _spec(device: str, on: bool):
 
 
 def test_a_gpu_training_process_turns_expandable_segments_on_first():
-    _Model(_spec("cuda", True), "actor", 0, 1)
+    ModelWorker(_spec("cuda", True), "actor", 0, 1)
     assert _setting()
 
 
 @pytest.mark.parametrize("device,on", [("cuda", False), ("cpu", True)])
 def test_otherwise_the_allocator_is_left_alone(device, on):
-    _Model(_spec(device, on), "actor", 0, 1)
+    ModelWorker(_spec(device, on), "actor", 0, 1)
     assert not _setting()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.workers.train import PolicyWorker, ReferenceWorker
+from rlhf.workers.frozen import ReferenceWorker
+from rlhf.workers.policy import PolicyWorker
 
 GIB = 2**30
 
@@ -115,7 +116,7 @@ def test_a_supervised_steps_peaks_are_its_own(monkeypatch):
 def test_offloading_reports_each_roles_resident_state_under_its_name(monkeypatch):
     """The actor's and the critic's figures reach the loop together (rlhf.workers.schedule): each
     under its role's name, so the critic's is not dropped for the actor's."""
-    from rlhf.workers.train import CriticWorker
+    from rlhf.workers.critic import CriticWorker
 
     fake = FakeCuda()
     fake.emptied = 1  # after the offload's empty_cache: 4 GiB left

@@ -140,7 +140,7 @@ def test_a_workers_micro_batches_run_largest_first():
     the largest first; every row is in exactly one of them."""
     from types import SimpleNamespace
 
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     b = _batch()  # rows of 8, 8, 8, 4 real tokens
     w = object.__new__(PolicyWorker)  # no __init__: only what packed_micro_batches reads

@@ -11,7 +11,7 @@ import pytest
 
 from rlhf.launch.group import ActorGroup, RoleHandle
 from rlhf.workers.schedule import make_schedule
-from rlhf.workers.train import PolicyWorker
+from rlhf.workers.policy import PolicyWorker
 
 
 class _Handle:

@@ -10,7 +10,10 @@ from types import SimpleNamespace as NS
 import pytest
 
 from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender, sender_for
-from rlhf.workers.train import CriticWorker, PolicyWorker, ReferenceWorker, TrainedWorker
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.frozen import ReferenceWorker
+from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.trained import TrainedWorker
 
 
 def _spec(mode: str, engines=((0,), (1,))):

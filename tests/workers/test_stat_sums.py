@@ -1,4 +1,4 @@
-"""The update's per-rank statistics (rlhf.workers.train._StatSums) are summed as tensors and read
+"""The update's per-rank statistics (rlhf.workers.policy.StatSums) are summed as tensors and read
 once: the mismatch figures over several micro-batches equal ``logprob_mismatch`` of all of them
 at once, and token-weighted means equal the plain mean over every token."""
 
@@ -8,7 +8,7 @@ import torch
 
 from rlhf.loops.rl import combine
 from rlhf.algos.kl import logprob_mismatch
-from rlhf.workers.train import _StatSums
+from rlhf.workers.policy import StatSums
 
 
 def test_mismatch_and_means_over_micro_batches_equal_the_whole_batch():
@@ -17,7 +17,7 @@ def test_mismatch_and_means_over_micro_batches_equal_the_whole_batch():
     rollout = trainer + torch.randn(6, 9, generator=g, dtype=torch.float64) * 0.05
     mask = (torch.rand(6, 9, generator=g) > 0.3).float()
     mask[5] = 0  # a sample with no policy token
-    st = _StatSums()
+    st = StatSums()
     for rows in (slice(0, 2), slice(2, 5), slice(5, 6)):
         st.mismatch(trainer[rows], rollout[rows], mask[rows])
         ent = trainer[rows].float() * -1
@@ -31,6 +31,6 @@ def test_mismatch_and_means_over_micro_batches_equal_the_whole_batch():
 
 
 def test_no_policy_token_means_no_mismatch_figure():
-    st = _StatSums()
+    st = StatSums()
     st.mismatch(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3))
     assert st.result() == {}

@@ -111,7 +111,7 @@ def _worker_checks(rank: int) -> tuple:
 
     from rlhf.data.batch import collate
     from rlhf.models.varlen import use_varlen
-    from rlhf.workers.train import PolicyWorker
+    from rlhf.workers.policy import PolicyWorker
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -166,7 +166,7 @@ def _supervised_checks(rank: int) -> dict:
 
     import rlhf.algos.logprobs as L
     from rlhf.data.sft import Row, collate
-    from rlhf.loops.objectives import SFTObjective
+    from rlhf.algos.offline import SFTObjective
     from rlhf.loops.supervised import agree_head_rows
     from rlhf.models.varlen import use_varlen
 

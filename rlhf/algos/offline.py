@@ -1,4 +1,6 @@
-"""The losses of the supervised loops (SFT, reward model, the preference trainer: DPO, KTO, ORPO, SimPO) as ``fn(model, micro_batch, compile=...)``.
+"""The objectives of the offline algorithms (``OfflineAlgo``: SFT, reward model, the preference trainer:
+DPO, KTO, ORPO, SimPO), the losses of the supervised loops, as ``fn(model, micro_batch, compile=...)``;
+the RL objective is ``rlhf.algos.objective``.
 
 A training worker calls ``loss, stats = fn(model, mb, compile=...)`` on each micro-batch and
 backpropagates ``loss``; for evaluation it calls the same function under ``torch.no_grad``.

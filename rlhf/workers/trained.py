@@ -1,0 +1,98 @@
+"""A role trained by a DeepSpeed engine with an optimizer (the actor, the critic): the engine
+(AdamW, linear warmup), the optimizer step and its gradient norm, the states that leave the GPU
+while vLLM generates, and the trained weights for the rollout engines and the HF export
+(``rlhf.workers.export``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from rlhf.workers import export
+from rlhf.workers.model import ModelWorker, ds_config
+from rlhf.workers.sync_cuda import TrainStates
+
+if TYPE_CHECKING:
+    from rlhf.spec.runspec import RunSpec
+
+# an update's statistics: sums with their weights, so the driver combines ranks exactly
+# (token-level statistics are weighted by policy tokens)
+Stats = dict[str, tuple[float, float]]
+
+
+def _optimizer(spec: RunSpec, params, lr: float):
+    """AdamW for the trained parameters. With the optimizer offloaded to host memory on GPU runs,
+    DeepSpeed's CPU Adam (vectorised C++, the only optimizer DeepSpeed steps on the host at speed);
+    otherwise torch's AdamW (fused on CUDA)."""
+    wd = spec.algo.weight_decay
+    if spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=wd, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
+
+
+def _warmup(optimizer, warmup_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+
+
+class TrainedWorker(ModelWorker):
+    """A role trained by a DeepSpeed engine with an optimizer (the actor, the critic). Its engine's
+    states leave the GPU while vLLM generates in hybrid placement (``states``, a ``TrainStates``;
+    the driver's ``rlhf.workers.schedule`` calls the two methods below)."""
+
+    def _initialize(self, model, params, lr: float, warmup_steps: int) -> None:
+        """The DeepSpeed engine (AdamW over ``params``, linear warmup) and the states that follow it."""
+        import deepspeed
+
+        opt = _optimizer(self.spec, params, lr)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=_warmup(opt, warmup_steps),
+            config=ds_config(self.spec, warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
+        )
+        self.states = TrainStates(self.engine, self.spec.train.zero_stage)
+
+    def offload_train_states(self) -> dict[str, float]:
+        """Parameters, gradients and optimizer states to host memory (hybrid placement on GPU); what
+        stays on the GPU, under the role's name (the actor's and the critic's both reach the loop)."""
+        import torch
+
+        return {**self.states.offload(),
+                f"memory/{self._memory_name()}_resident_gib": torch.cuda.memory_reserved() / 2**30}
+
+    def reload_train_states(self) -> dict[str, float]:
+        return self.states.reload()
+
+    last_grad_norm: Optional[float] = None
+
+    def _step(self) -> None:
+        """``engine.step()``; at an accumulation boundary also the step's global gradient norm
+        before clipping, into ``last_grad_norm``. DeepSpeed's ZeRO optimizers compute it while
+        stepping, so it is read after the step (before, it is the previous step's). A plain torch
+        optimizer (ZeRO-0) keeps none: the gradients, which DeepSpeed's backward has already
+        averaged over the data-parallel ranks, are summed before the step clears them."""
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        summed = None
+        if boundary and not hasattr(self.engine.optimizer, "_global_grad_norm"):
+            norms = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
+            summed = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+        self.engine.step()
+        if boundary:
+            gn = self.engine.get_global_grad_norm()
+            self.last_grad_norm = float(gn) if gn is not None else summed
+
+    def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
+        """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks: what the
+        rollout engines load. A LoRA model gives the base model's names with every adapted weight
+        merged (``rlhf.models.lora.merged_state_dict``); the training weights are not touched."""
+        from rlhf.models.lora import merged_state_dict
+
+        return self.on_rank0(merged_state_dict)
+
+    def save_hf(self, path: str) -> Optional[str]:
+        """The model (full weights, gathered under ZeRO-3) and its tokenizer in HF format at ``path``
+        on rank 0 (``rlhf.workers.export.save_hf``); the path on rank 0, else None."""
+        return export.save_hf(self, path)
