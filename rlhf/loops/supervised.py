@@ -300,7 +300,7 @@ def prepare_pairs(spec: RunSpec, console: Optional[Console] = None) -> Prepared:
     return prepared
 
 
-def prepare_unpaired(spec: RunSpec, console: Any = None) -> Prepared:
+def prepare_unpaired(spec: RunSpec, console: Optional[Console] = None) -> Prepared:
     """kto: the training rows as unpaired examples (a pair gives one desirable and one undesirable,
     each with its mismatched completion), the held-out rows as pairs when they are pairs (the
     preference accuracy of DPO) else as examples."""

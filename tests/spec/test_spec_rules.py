@@ -60,7 +60,7 @@ def test_algo_rules(rl, dpo):
     [msg] = algo.problems(with_(dpo, "algo", beta=0.0), ("actor", "reference"))
     assert msg.startswith("algo.beta=0.0 must be > 0")
     [msg] = algo.problems(with_(dpo, "algo", loss_type="nope"), ("actor", "reference"))
-    assert msg == "algo.loss_type='nope' is not valid. Choose one of: sigmoid, ipo, hinge."
+    assert msg == "algo.loss_type='nope' is not valid. Choose one of: sigmoid, ipo, hinge, kto, orpo, simpo."
 
 
 def test_model_rules(rl):
