@@ -30,6 +30,18 @@ def _choice(problems: list[str], key: str, value: Any, options: tuple[str, ...])
         problems.append(f"{key}={value!r} is not valid. Choose one of: {', '.join(options)}.")
 
 
+def _tracking(problems: list[str], t: Any) -> None:
+    from rlhf.spec.schema import TRACKERS, tracking_backends
+
+    bad = [b for b in tracking_backends(t.backend) if b not in TRACKERS]
+    if bad or not isinstance(t.backend, (str, list, tuple)):
+        problems.append(f"tracking.backend={t.backend!r} is not valid. Choose from: {', '.join(TRACKERS)}, none "
+                        "(several as a list: tracking.backend=[mlflow,tensorboard]).")
+    if t.wandb.mode not in (None, "online", "offline"):
+        problems.append(f"tracking.wandb.mode={t.wandb.mode!r} is not valid. Choose one of: online, offline "
+                        "(or leave it null: WANDB_MODE decides).")
+
+
 def _part(problems: list[str], registry: Registry, name: str) -> None:
     if name not in registry.names():
         problems.append(registry.unknown(name))
@@ -296,7 +308,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
             )
     if rw.timeout_s <= 0:
         p.append(f"reward.timeout_s={rw.timeout_s} must be > 0.")
-    _choice(p, "tracking.backend", s["tracking"].backend, ("mlflow", "none"))
+    _tracking(p, s["tracking"])
     _choice(p, "tracking.console", s["tracking"].console, ("rich", "plain", "none"))
     if s["checkpoint"].keep_last < 1:
         p.append(f"checkpoint.keep_last={s['checkpoint'].keep_last} must be >= 1.")

@@ -1,0 +1,239 @@
+"""TensorBoard and W&B beside MLflow: one real CPU run logs to all three, and each is read back from
+what it wrote (event files; the offline W&B run's transaction log; MLflow's store) — same metric
+names and steps as metrics.jsonl, the config recorded. A tracker that fails (its folder cannot be
+made, credentials refused, a write error mid-run) is dropped with one line and the run goes on."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import make_spec, run_rl
+from tests.track import tb_events, wandb_log
+
+TRACKED = ["algo=grpo", "train.steps=3", "train.prompts_per_step=16", "rollout.max_response_tokens=4",
+           "train.seed=1", "tracking.backend=[mlflow,tensorboard,wandb]"]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(rl_env, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WANDB_MODE", "offline")
+    out = tmp_path_factory.mktemp("tracked") / "outputs" / "run"
+    try:
+        code, rows = run_rl(TRACKED, out)
+    finally:
+        mp.undo()
+    assert code == 0
+    return {"dir": out, "rows": rows}
+
+
+def _series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """metrics.jsonl as tag -> [(step, value)]: the reference every tracker must match."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k != "step" and isinstance(v, (int, float)) and v == v:
+                out.setdefault(k, []).append((r["step"], float(v)))
+    return out
+
+
+def _mlflow_run(out: Path):
+    from mlflow.tracking import MlflowClient
+
+    from rlhf.track import default_tracking_uri
+
+    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    exp = client.get_experiment_by_name("rlhf")
+    (run,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
+    return client, run
+
+
+def test_tensorboard_has_every_metric_at_mlflows_steps(tracked_run):
+    out, rows = tracked_run["dir"], tracked_run["rows"]
+    assert len(rows) == 3
+    tb = tb_events.scalars(out / "tensorboard")
+    ref = _series(rows)
+    client, run = _mlflow_run(out)
+    for key in ("reward/mean", "kl/mean", "response/length_mean", "actor/entropy", "time/generate"):
+        mlflow_points = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        assert [s for s, _ in tb[key]] == [s for s, _ in ref[key]] == sorted(s for s, _ in mlflow_points), key
+        for (_, a), (_, b) in zip(tb[key], ref[key]):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), key  # event files hold float32
+    assert set(ref) <= set(tb)  # every metric of the run, not only the ones checked above
+
+
+def test_tensorboard_records_the_config(tracked_run):
+    from rlhf.spec.build import config_dict, flatten
+
+    text = tb_events.texts(tracked_run["dir"] / "tensorboard")
+    lines = {ln.strip() for ln in text["config"].splitlines()}
+    spec = make_spec(TRACKED, tracked_run["dir"])
+    for k in ("algo.name", "train.steps", "algo.kl.coef", "model.path"):
+        assert f"{k}: {flatten(config_dict(spec))[k]}" in lines, k
+    assert text["status"] == "FINISHED" and text["final_model"].endswith("final/hf")
+
+
+def test_offline_wandb_run_has_metrics_config_and_project(tracked_run):
+    from rlhf.spec.build import config_dict, flatten
+
+    out = tracked_run["dir"]
+    (log,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
+    log = wandb_log.closed(log)
+    hist = wandb_log.history(log)
+    ref = _series(tracked_run["rows"])
+    for key in ("reward/mean", "kl/mean", "response/length_mean", "actor/entropy"):
+        got = [(h["_step"], h[key]) for h in hist if key in h]
+        assert [s for s, _ in got] == [s for s, _ in ref[key]], key
+        for (_, a), (_, b) in zip(got, ref[key]):
+            assert a == pytest.approx(b, rel=1e-12), key  # JSON: the float64 value
+    run = wandb_log.run_record(log)
+    assert (run.project, run.display_name, run.job_type, run.run_group) == ("rlhf", "run", "rl", "")
+    cfg = wandb_log.config(log)
+    spec = make_spec(TRACKED, out)
+    flat = flatten(config_dict(spec))
+    for k in ("algo.name", "train.steps", "algo.kl.coef", "rollout.max_response_tokens"):
+        node = cfg
+        for part in k.split("."):
+            node = node[part]
+        assert node == flat[k], k
+    assert cfg["derived"]["rollout_engine"] == "hf"
+    assert (out / "wandb" / "rlhf_run_id").read_text().strip() == run.run_id
+
+
+def test_mlflow_is_unchanged_beside_them(tracked_run):
+    client, run = _mlflow_run(tracked_run["dir"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["algo.name"] == "grpo"
+    assert {"spec.yaml", "config.yaml"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+# ----------------------------------------------------------------------------- failures, no Ray
+
+
+@pytest.fixture
+def spec_dir(tmp_path):
+    from rlhf.run import write_run_dir
+
+    def make(backends: str, *more: str):
+        out = tmp_path / "outputs" / "run"
+        spec = make_spec(["train.steps=2", f"tracking.backend={backends}", *more], out)
+        write_run_dir(spec)
+        return spec, out
+
+    return make
+
+
+def test_a_tracker_that_cannot_start_is_dropped_with_one_line(spec_dir):
+    from rlhf.track import Tracker
+
+    spec, out = spec_dir("[mlflow,tensorboard]")
+    (out / "tensorboard").write_text("a file where the event folder goes")  # mkdir fails: like a bad disk
+    lines: list[str] = []
+    t = Tracker(spec, str(out), warn=lines.append)
+    for step in range(2):
+        t.log(step, {"reward/mean": float(step)})
+    t.finish()
+    assert len(lines) == 1 and "tensorboard could not start" in lines[0] and "training goes on" in lines[0]
+    assert "\n" not in lines[0]
+    assert [b.name for b in t.backends] == ["mlflow"] and "tensorboard: off" in t.where()
+    hist = t.mlflow.client.get_metric_history(t.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in hist] == [(0, 0.0), (1, 1.0)]
+
+
+def test_a_tracker_failing_mid_run_is_dropped_once_and_the_others_go_on(spec_dir):
+    from rlhf.track import Tracker
+
+    spec, out = spec_dir("[mlflow,tensorboard]")
+    lines: list[str] = []
+    t = Tracker(spec, str(out), warn=lines.append)
+    tb = next(b for b in t.backends if b.name == "tensorboard")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    t.log(0, {"reward/mean": 0.5})
+    tb.writer.add_scalar = full
+    for step in (1, 2):
+        t.log(step, {"reward/mean": 0.5 + step})
+    t.finish()
+    assert len(lines) == 1 and "tensorboard failed to log metrics (OSError: [Errno 28] No space left" in lines[0]
+    hist = t.mlflow.client.get_metric_history(t.run_id, "reward/mean")
+    assert [m.step for m in hist] == [0, 1, 2]
+    assert tb_events.scalars(out / "tensorboard")["reward/mean"] == [(0, 0.5)]
+
+
+def test_wandb_online_without_credentials_is_one_line(spec_dir, tmp_path, monkeypatch):
+    from rlhf.track import Tracker
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wbconf"))
+    spec, out = spec_dir("[tensorboard,wandb]", "tracking.wandb.mode=online")  # (W&B reads WANDB_MODE once)
+    lines: list[str] = []
+    t = Tracker(spec, str(out), warn=lines.append)
+    t.log(0, {"reward/mean": 1.0})
+    t.finish()
+    assert len(lines) == 1 and lines[0].startswith("tracking: wandb could not start (UsageError: ")
+    assert tb_events.scalars(out / "tensorboard")["reward/mean"] == [(0, 1.0)]
+
+
+def test_a_missing_tracker_package_stops_before_the_run(spec_dir, monkeypatch):
+    import importlib.util
+
+    from rlhf.spec.errors import UserError
+    from rlhf.track import Tracker
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    spec, out = spec_dir("[mlflow,wandb]")
+    with pytest.raises(UserError, match=r"the wandb package is not installed. Install it \(pip install 'rlhf\[wandb\]'\)"):
+        Tracker(spec, str(out))
+
+
+def test_a_sweep_job_joins_its_wandb_group(spec_dir, monkeypatch):
+    """TrackerSweepHooks (one of rlhf.sweep.default_hooks) names the group; the job's run is in it."""
+    from types import SimpleNamespace
+
+    from rlhf.sweep import default_hooks
+    from rlhf.track import Tracker
+    from rlhf.track.sweep_group import TrackerSweepHooks
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    hooks = next(h for h in default_hooks() if isinstance(h, TrackerSweepHooks))
+    spec, out = spec_dir("wandb")
+    hooks.sweep_start("/x/multirun/2026-01-01/12-00-00", [])
+    hooks.job_start(SimpleNamespace(index=1), spec)
+    t = Tracker(spec, str(out))
+    assert not t.dropped
+    t.finish()
+    hooks.job_end(SimpleNamespace(index=1), None)
+    (log,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
+    log = wandb_log.closed(log)
+    run = wandb_log.run_record(log)
+    assert (run.run_group, run.display_name) == ("sweep 12-00-00", "12-00-00/1")
+
+
+@pytest.mark.parametrize("value,ok", [("[mlflow,tensorboard]", True), ("none", True), ("[]", True),
+                                      ("[mlflow,neptune]", False), ("tensorboard", True)])
+def test_backend_takes_a_name_or_a_list(value, ok, tmp_path):
+    from rlhf.spec.errors import SpecError
+    from rlhf.spec.schema import tracking_backends
+
+    if ok:
+        spec = make_spec([f"tracking.backend={value}"], tmp_path / "r")
+        assert set(tracking_backends(spec.tracking.backend)) <= {"mlflow", "tensorboard"}
+    else:
+        with pytest.raises(SpecError, match=r"tracking.backend=\['mlflow', 'neptune'\] is not valid"):
+            make_spec([f"tracking.backend={value}"], tmp_path / "r")
+
+
+def test_wandb_config_redacts_secrets_inside_lists_too():
+    from rlhf.track.params import REDACTED, _redact_value
+
+    assert _redact_value("reward.remote.urls", ["http://u:pw@h:1/x?token=abc", "http://h:2"]) == \
+        [f"http://u:{REDACTED}@h:1/x?token={REDACTED}", "http://h:2"]
+    assert _redact_value("reward.remote.api_key", "k") == REDACTED
+    assert _redact_value("train.steps", 3) == 3
