@@ -1,7 +1,9 @@
-"""TensorBoard and W&B beside MLflow: one real CPU run logs to all three, and each is read back from
-what it wrote (event files; the offline W&B run's transaction log; MLflow's store) — same metric
-names and steps as metrics.jsonl, the config recorded. A tracker that fails (its folder cannot be
-made, credentials refused, a write error mid-run) is dropped with one line and the run goes on."""
+"""TensorBoard and W&B beside MLflow, and the run report: one real CPU run logs to all three, and each
+is read back from what it wrote (event files; the offline W&B run's transaction log; MLflow's store)
+— same metric names and steps as metrics.jsonl, the config recorded; the same run's report (PNG +
+HTML under the run dir and in MLflow) is decoded and its panels checked. A tracker that fails (its
+folder cannot be made, credentials refused, a write error mid-run) is dropped with one line and the
+run goes on."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from tests.helpers import make_spec, run_rl
 from tests.track import tb_events, wandb_log
 
 TRACKED = ["algo=grpo", "train.steps=3", "train.prompts_per_step=16", "rollout.max_response_tokens=4",
-           "train.seed=1", "tracking.backend=[mlflow,tensorboard,wandb]"]
+           "train.seed=1", "eval.every=2", "tracking.backend=[mlflow,tensorboard,wandb]"]
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,23 @@ def test_mlflow_is_unchanged_beside_them(tracked_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["algo.name"] == "grpo"
     assert {"spec.yaml", "config.yaml"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_the_run_ends_with_its_report_on_disk_and_in_mlflow(tracked_run):
+    from PIL import Image
+
+    out = tracked_run["dir"]
+    png, page = out / "report" / "report.png", out / "report" / "report.html"
+    with Image.open(png) as im:
+        im.load()
+        assert im.format == "PNG" and im.size[0] >= 1000
+    text = page.read_text()
+    for key in ("reward", "kl", "response_length", "entropy", "eval", "phase_time", "throughput"):
+        assert f'id="panel-{key}"' in text, key
+    assert 'id="absent-gpu_memory"' in text  # a CPU run: no GPU figures, and no plan to draw
+    assert "eval/greedy/reward_mean" in text and "generate" in text
+    client, run = _mlflow_run(out)
+    assert {"report/report.png", "report/report.html"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}
 
 
 # ----------------------------------------------------------------------------- failures, no Ray
