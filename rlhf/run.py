@@ -205,6 +205,9 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         from rlhf.report import report_at_end  # rlhf/report: the run's curves, PNG + HTML, MLflow artifacts
 
         report_at_end(spec, run_dir, tracker, console)
+        from rlhf.hub_push import push_at_end  # checkpoint.push_to_hub: final/hf to the Hub
+
+        push_at_end(spec, run_dir, console.print)
         console.close()
         if kind == "rl":
             console.print(

@@ -465,6 +465,11 @@ class CheckpointSpec(Frozen):
     save_hf: bool = doc(True, "An HF-format export of each trained role inside every checkpoint.")
     best_metric: Optional[str] = doc(None, "e.g. eval/greedy/reward_mean: its best (highest) checkpoint "
                                      "survives rotation; None = off.")
+    push_to_hub: Optional[str] = doc(None, "A Hub repo id (org/name): at the end of the run, final/hf (and a LoRA "
+                                     "policy's adapter, under adapter/) is uploaded there with a model card; "
+                                     "the token is HF_TOKEN or `hf auth login`. A failed upload leaves the local "
+                                     "export as it is and says so in one line. None = no upload.")
+    hub_private: bool = doc(True, "push_to_hub creates the repo private (an existing repo keeps its visibility).")
 
 
 @dataclass

@@ -42,6 +42,14 @@ def _tracking(problems: list[str], t: Any) -> None:
                         "(or leave it null: WANDB_MODE decides).")
 
 
+def _hub_repo(problems: list[str], repo: Optional[str]) -> None:
+    import re
+
+    if repo is not None and not re.fullmatch(r"([\w.-]+/)?[\w.-]{1,96}", repo):
+        problems.append(f"checkpoint.push_to_hub={repo!r} is not a Hub repo id. Use org/name "
+                        "(letters, digits, '-', '_', '.').")
+
+
 def _part(problems: list[str], registry: Registry, name: str) -> None:
     if name not in registry.names():
         problems.append(registry.unknown(name))
@@ -312,6 +320,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
     _choice(p, "tracking.console", s["tracking"].console, ("rich", "plain", "none"))
     if s["checkpoint"].keep_last < 1:
         p.append(f"checkpoint.keep_last={s['checkpoint'].keep_last} must be >= 1.")
+    _hub_repo(p, s["checkpoint"].push_to_hub)
     if s["checkpoint"].every < 0:
         p.append(f"checkpoint.every={s['checkpoint'].every} must be >= 0 (0 = only at the end).")
     ev = s.get("eval")

@@ -16,20 +16,28 @@ from tests.helpers import make_spec, run_rl
 from tests.track import tb_events, wandb_log
 
 TRACKED = ["algo=grpo", "train.steps=3", "train.prompts_per_step=16", "rollout.max_response_tokens=4",
-           "train.seed=1", "eval.every=2", "tracking.backend=[mlflow,tensorboard,wandb]"]
+           "train.seed=1", "eval.every=2", "tracking.backend=[mlflow,tensorboard,wandb]",
+           "checkpoint.push_to_hub=org/tracked"]
 
 
 @pytest.fixture(scope="module")
 def tracked_run(rl_env, tmp_path_factory):
+    """The shared run; it ends by pushing final/hf to a stand-in Hub (tests/hub/hubserver.py)."""
+    from tests.hub.hubserver import HubServer
+
     mp = pytest.MonkeyPatch()
     mp.setenv("WANDB_MODE", "offline")
     out = tmp_path_factory.mktemp("tracked") / "outputs" / "run"
+    hub = HubServer({}, token="hf_tracked")
     try:
+        mp.setenv("HF_ENDPOINT", hub.__enter__())
+        mp.setenv("HF_TOKEN", "hf_tracked")
         code, rows = run_rl(TRACKED, out)
     finally:
+        hub.__exit__(None, None, None)
         mp.undo()
     assert code == 0
-    return {"dir": out, "rows": rows}
+    return {"dir": out, "rows": rows, "hub": hub}
 
 
 def _series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -127,6 +135,19 @@ def test_the_run_ends_with_its_report_on_disk_and_in_mlflow(tracked_run):
     assert "eval/greedy/reward_mean" in text and "generate" in text
     client, run = _mlflow_run(out)
     assert {"report/report.png", "report/report.html"} <= {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+
+
+def test_the_run_pushed_its_final_model_to_the_hub(tracked_run):
+    import hashlib
+
+    out, hub = tracked_run["dir"], tracked_run["hub"]
+    files = hub.repos[("model", "org/tracked")].files
+    hf = out / "final" / "hf"
+    local = {str(p.relative_to(hf)): hashlib.sha256(p.read_bytes()).hexdigest() for p in hf.rglob("*") if p.is_file()}
+    assert {k: hashlib.sha256(v).hexdigest() for k, v in files.items() if k in local} == local
+    assert set(files) == set(local) | {"README.md", "report.png"}  # no LoRA here: no adapter/
+    assert files["report.png"] == (out / "report" / "report.png").read_bytes()
+    assert [repo for repo, _ in hub.commits] == ["org/tracked"]
 
 
 # ----------------------------------------------------------------------------- failures, no Ray
