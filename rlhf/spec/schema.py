@@ -450,7 +450,10 @@ class TrackingSpec(Frozen):
     uri: Optional[str] = doc(None, "The MLflow tracking URI; None = a sqlite store under the output root.")
     experiment: str = doc("rlhf", "The experiment's name in the tracking store (MLflow experiment, W&B project).")
     wandb: WandbSpec = docf(WandbSpec, "Weights & Biases settings.")
-    console: str = doc("rich", "Console progress: rich | plain | none.")
+    console: str = doc("rich", "What the console shows: rich (a live progress bar on a terminal, else plain) | "
+                       "plain (a line per step) | verbose (plain, and every worker's own output: vLLM, DeepSpeed, "
+                       "Ray, NCCL, torch warnings) | none. Except with verbose, each worker's output goes to "
+                       "<run dir>/logs/<role>_<rank>.log instead.")
     log_every: int = doc(1, "Steps between metric logs.")
     objective: str = doc("reward/mean", "What a sweep (-m) returns to Hydra's sweeper (e.g. Optuna's "
                          "objective): this metric's mean over the last fifth of the steps that logged it.")

@@ -37,6 +37,7 @@ def _tracking(problems: list[str], t: Any) -> None:
     if bad or not isinstance(t.backend, (str, list, tuple)):
         problems.append(f"tracking.backend={t.backend!r} is not valid. Choose from: {', '.join(TRACKERS)}, none "
                         "(several as a list: tracking.backend=[mlflow,tensorboard]).")
+    _choice(problems, "tracking.console", t.console, ("rich", "plain", "verbose", "none"))
     if t.wandb.mode not in (None, "online", "offline"):
         problems.append(f"tracking.wandb.mode={t.wandb.mode!r} is not valid. Choose one of: online, offline "
                         "(or leave it null: WANDB_MODE decides).")
@@ -317,7 +318,6 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
     if rw.timeout_s <= 0:
         p.append(f"reward.timeout_s={rw.timeout_s} must be > 0.")
     _tracking(p, s["tracking"])
-    _choice(p, "tracking.console", s["tracking"].console, ("rich", "plain", "none"))
     if s["checkpoint"].keep_last < 1:
         p.append(f"checkpoint.keep_last={s['checkpoint'].keep_last} must be >= 1.")
     _hub_repo(p, s["checkpoint"].push_to_hub)

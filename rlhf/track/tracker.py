@@ -24,6 +24,7 @@ MLflow:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -115,10 +116,12 @@ class MlflowRun:
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
         import logging
 
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
+
+        # after the import, which sets mlflow's level to INFO ("Creating initial MLflow database tables...")
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
 
         root = output_root(run_dir)
         root.mkdir(parents=True, exist_ok=True)
@@ -333,12 +336,12 @@ class Tracker:
 
 
 class Console:
-    """A live progress line (rich on a terminal), plain lines otherwise, or nothing."""
+    """A live progress line (rich on a terminal), plain lines otherwise, or nothing (``tracking.console``)."""
 
     def __init__(self, mode: str, total_steps: int, stream=None):
         self.stream = stream or sys.stdout
         self.total = total_steps
-        self.mode = mode
+        self.mode = "plain" if mode == "verbose" else mode  # verbose: the workers' output too (worker_logs)
         if mode == "rich" and not self.stream.isatty():
             self.mode = "plain"
         self._progress = None
@@ -367,6 +370,41 @@ class Console:
         if "time/step" in m:
             parts.append(f"{m['time/step']:.2f} s/step")
         return " · ".join(parts)
+
+    def status(self, text: str, run_dir: Optional[str] = None) -> "contextlib.AbstractContextManager[None]":
+        """While the block runs: ``text`` and the seconds so far on the live line (rich), with the
+        newest line of the workers' logs under ``run_dir`` (what they are doing: loading weights,
+        capturing CUDA graphs); plain: ``text`` once; none: nothing."""
+        import threading
+
+        if self.mode == "none":
+            return contextlib.nullcontext()
+        if self._progress is None:
+            self.print(text)
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def live():
+            from rlhf.track.worker_logs import latest_line
+
+            stop, t0 = threading.Event(), time.monotonic()
+
+            def tick():
+                while not stop.wait(0.5):
+                    now = latest_line(run_dir) if run_dir else ""
+                    self._progress.update(self._task, info=f"{text} {time.monotonic() - t0:.0f} s"
+                                                            + (f" · {now}" if now else ""))
+
+            thread = threading.Thread(target=tick, name="rlhf-console-status", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join()
+                self._progress.update(self._task, info="")
+
+        return live()
 
     def set_total(self, total_steps: int) -> None:
         """Loops that learn their step count from the data (sft, rm, dpo) set it here."""

@@ -76,7 +76,13 @@ class WandbRun:
         self.run.summary["final_model"] = str(Path(path).resolve())
 
     def log_artifact(self, path: str, folder: str | None = None) -> None:
-        self.run.save(str(Path(path).resolve()), base_path=str(Path(path).resolve().parent), policy="now")
+        """A copy in the run's files folder, which W&B uploads with the run (``wandb.save`` would
+        symlink and print a warning for each file)."""
+        import shutil
+
+        dest = Path(self.run.dir) / (folder or "")
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / Path(path).name)
 
     def where(self) -> str:
         if self.offline:

@@ -7,7 +7,9 @@ run goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
 from pathlib import Path
 
 import pytest
@@ -29,15 +31,17 @@ def tracked_run(rl_env, tmp_path_factory):
     mp.setenv("WANDB_MODE", "offline")
     out = tmp_path_factory.mktemp("tracked") / "outputs" / "run"
     hub = HubServer({}, token="hf_tracked")
+    console = io.StringIO()
     try:
         mp.setenv("HF_ENDPOINT", hub.__enter__())
         mp.setenv("HF_TOKEN", "hf_tracked")
-        code, rows = run_rl(TRACKED, out)
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            code, rows = run_rl(TRACKED, out)
     finally:
         hub.__exit__(None, None, None)
         mp.undo()
-    assert code == 0
-    return {"dir": out, "rows": rows, "hub": hub}
+    assert code == 0, console.getvalue()[-3000:]
+    return {"dir": out, "rows": rows, "hub": hub, "console": console.getvalue().splitlines()}
 
 
 def _series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -148,6 +152,28 @@ def test_the_run_pushed_its_final_model_to_the_hub(tracked_run):
     assert set(files) == set(local) | {"README.md", "report.png"}  # no LoRA here: no adapter/
     assert files["report.png"] == (out / "report" / "report.png").read_bytes()
     assert [repo for repo, _ in hub.commits] == ["org/tracked"]
+
+
+def test_the_console_holds_the_runs_own_lines_and_the_workers_write_files(tracked_run):
+    """The quiet console of a CPU run: these lines and no others (16 before the per-worker files,
+    2 of them MLflow's INFO lines; the workers' output of a CPU run is small, the GPU's is not)."""
+    out = tracked_run["dir"]
+    # (DeepSpeed's accelerator note is printed where a process first imports it: in this test
+    # process by an earlier fixture's import, not by a run started with rlhf-run)
+    lines = [ln for ln in tracked_run["console"] if "Setting accelerator to CPU" not in ln]
+    starts = ["run dir:", "mlflow: run", "        view it: mlflow ui", "tensorboard:", "        view it: tensorboard",
+              "wandb: offline run", "        send it: wandb sync", "starting the cluster: models load",
+              "cluster up in", "step 1/3", "step 2/3", "step 3/3", "checkpoint:", "saved ", "report:",
+              "pushed to the Hub:", "done in", "mlflow: run", "        view it: mlflow ui", "tensorboard:",
+              "        view it: tensorboard", "wandb: offline run", "        send it: wandb sync"]
+    assert len(lines) == len(starts), "\n".join(lines)
+    for line, start in zip(lines, starts):
+        assert line.startswith(start), (line, start)
+    assert lines[8].endswith(f"worker logs: {out / 'logs'}/")
+    (log,) = (out / "logs").iterdir()  # CPU hybrid: one process holds the device's roles
+    assert log.name == "actor+reference+rollout_0.log" and log.read_text().startswith("# actor rank 0 · pid ")
+    (wandb_files,) = glob.glob(str(out / "wandb" / "offline-run-*" / "files"))
+    assert (Path(wandb_files) / "report" / "report.png").read_bytes() == (out / "report" / "report.png").read_bytes()
 
 
 # ----------------------------------------------------------------------------- failures, no Ray
