@@ -302,3 +302,25 @@ def test_wandb_config_redacts_secrets_inside_lists_too():
         [f"http://u:{REDACTED}@h:1/x?token={REDACTED}", "http://h:2"]
     assert _redact_value("reward.remote.api_key", "k") == REDACTED
     assert _redact_value("train.steps", 3) == 3
+
+
+def test_a_resumed_run_continues_its_wandb_run(spec_dir):
+    """The W&B run id is kept in the run dir; `rlhf-run resume=...` logs under the same id (offline:
+    a second offline-run folder that `wandb sync` appends to the same run)."""
+    import dataclasses
+
+    from rlhf.track import Tracker
+
+    spec, out = spec_dir("wandb", "tracking.wandb.mode=offline")
+    first = Tracker(spec, str(out))
+    first.log(0, {"reward/mean": 0.5})
+    first.finish()
+    again = Tracker(dataclasses.replace(spec, resume=str(out)), str(out))
+    again.log(1, {"reward/mean": 0.75})
+    again.finish()
+    assert not first.dropped and not again.dropped
+    logs = sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len(logs) == 2
+    ids = {wandb_log.run_record(wandb_log.closed(f)).run_id for f in logs}
+    assert ids == {(out / "wandb" / "rlhf_run_id").read_text().strip()}
+    assert [h["_step"] for h in wandb_log.history(logs[1]) if "reward/mean" in h] == [1]

@@ -88,3 +88,40 @@ def test_console_verbose_is_a_choice(value, ok, tmp_path):
     else:
         with pytest.raises(SpecError, match="tracking.console='loud' is not valid. Choose one of: rich, plain, verbose, none"):
             build_spec(compose(ov), ov, plan=False)
+
+
+def test_the_live_line_shows_what_the_workers_are_doing(tmp_path):
+    """While the cluster starts, the rich progress line carries the newest worker-log line."""
+    import io
+    import time
+
+    from rlhf.track import Console
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    console = Console("rich", 3, stream=Terminal())
+    try:
+        with console.status("starting the cluster", str(tmp_path)):
+            (logs / "rollout_0.log").write_text("# rollout rank 0\nCapturing CUDA graphs (decode, FULL): 40%\n")
+            deadline = time.monotonic() + 10
+            while "Capturing" not in console._progress.tasks[0].fields["info"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            info = console._progress.tasks[0].fields["info"]
+        assert info.startswith("starting the cluster ") and info.endswith(
+            "· rollout_0: Capturing CUDA graphs (decode, FULL): 40%")
+        assert console._progress.tasks[0].fields["info"] == ""  # cleared when the block ends
+    finally:
+        console.close()
+
+
+def test_plain_status_is_one_line(capsys):
+    from rlhf.track import Console
+
+    console = Console("plain", 3)
+    with console.status("starting the cluster", "/nonexistent"):
+        pass
+    assert capsys.readouterr().out == "starting the cluster\n"
