@@ -4,7 +4,7 @@
   ``<run dir>/wandb/offline-run-*`` for ``wandb sync`` later; online without an API key fails at
   start (W&B's own message), and the run goes on without W&B (rlhf.track.tracker.Tracker).
 * project ``tracking.wandb.project`` or ``tracking.experiment``; the run's name is the run dir's;
-  a sweep's jobs share the group ``sweep <sweep dir name>`` (rlhf.track.sweep sets it per job).
+  a sweep's jobs share the group ``sweep <date>/<time>`` (the sweep dir's last two parts; rlhf.track.sweep_group sets it per job).
 * config: the flattened config with its types plus ``derived.*``, secrets redacted — the keys of
   MLflow's params, nested at the dots.
 * metrics: ``run.log(metrics, step=step)``, the names and steps MLflow gets.
@@ -56,7 +56,7 @@ class WandbRun:
         id_file = self.dir / "rlhf_run_id"
         resume_id = id_file.read_text().strip() if getattr(spec, "resume", None) and id_file.is_file() else None
         sweep = SWEEP_GROUP.get()
-        group = f"sweep {Path(sweep[0]).name}" if sweep else None
+        group = "sweep " + "/".join(Path(sweep[0]).parts[-2:]) if sweep else None  # multirun/<date>/<time>
         name = f"{Path(sweep[0]).name}/{sweep[1]}" if sweep else self.run_dir.name
         # WANDB_MODE read here, per run: W&B's own read happens once per process (a sweep's first job)
         mode = w.mode or os.environ.get("WANDB_MODE") or None

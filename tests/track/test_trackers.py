@@ -278,7 +278,7 @@ def test_a_sweep_job_joins_its_wandb_group(spec_dir, monkeypatch):
     (log,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
     log = wandb_log.closed(log)
     run = wandb_log.run_record(log)
-    assert (run.run_group, run.display_name) == ("sweep 12-00-00", "12-00-00/1")
+    assert (run.run_group, run.display_name) == ("sweep 2026-01-01/12-00-00", "12-00-00/1")
 
 
 @pytest.mark.parametrize("value,ok", [("[mlflow,tensorboard]", True), ("none", True), ("[]", True),
