@@ -62,7 +62,10 @@ def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
     actor_id = _actor_id(e)
     roles, rank = _roles_of(cluster, actor_id)
     if died and timeout is None and actor_id:  # torch's NCCL watchdog ends the process (its default)
-        timeout = timeout_in(_stderr_tail(actor_id))
+        from rlhf.track.worker_logs import tail_for_actor  # rlhf/track: its stderr went to its log file
+
+        spec = getattr(cluster, "spec", None)
+        timeout = timeout_in(_stderr_tail(actor_id) + (tail_for_actor(spec, actor_id) if spec else ""))
     if engine is not None and "rollout" in roles:
         roles = ["rollout"]  # one process may hold several roles (CPU hybrid): the engine is the rollout's
     where = getattr(e, _WHERE, None)
@@ -71,7 +74,7 @@ def worker_failure(e: BaseException, cluster: Any) -> Optional[str]:
     if timeout is not None:
         return _timeout_line(cluster, roles, rank, timeout, where, died) + f" Cluster shut down.{ckpt}"
     if engine is not None:
-        cause = f"vLLM's engine core stopped ({engine}; the engine's log above has the cause)"
+        cause = f"vLLM's engine core stopped ({engine}; the engine's log has the cause)"
     else:
         cause = _cause_line(e)
         k = _worker_node(cluster, roles[0], rank) if roles else None

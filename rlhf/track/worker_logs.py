@@ -89,6 +89,32 @@ def _line_buffered() -> None:
             pass
 
 
+def tail_for_pid(spec: RunSpec, pid: int, nbytes: int = 65536) -> str:
+    """The end of the log file of process ``pid`` of this run ("" when none): what a worker that
+    died wrote last (torch's NCCL watchdog prints its cause on stderr, then ends the process)."""
+    try:
+        for path in log_dir(spec.run_dir).glob("*.log"):
+            with open(path, "rb") as f:
+                if f" · pid {pid} · ".encode() not in f.readline():
+                    continue
+                f.seek(max(0, os.path.getsize(path) - nbytes))
+                return f.read().decode(errors="replace")
+    except (OSError, AttributeError):
+        pass
+    return ""
+
+
+def tail_for_actor(spec: RunSpec, actor_id: str) -> str:
+    """``tail_for_pid`` of a Ray actor's process (its pid from Ray's state API); "" when unknown."""
+    try:
+        from ray._private import state
+
+        pid = (state.actors(actor_id=actor_id) or {}).get("Pid")
+    except Exception:  # noqa: BLE001 - Ray not up, or no such actor
+        return ""
+    return tail_for_pid(spec, pid) if pid else ""
+
+
 def where(spec: RunSpec) -> str:
     """For an error line: where the workers' own account of it is."""
     if not quiet(spec) or not getattr(spec, "run_dir", None):

@@ -125,3 +125,41 @@ def test_plain_status_is_one_line(capsys):
     with console.status("starting the cluster", "/nonexistent"):
         pass
     assert capsys.readouterr().out == "starting the cluster\n"
+
+
+NCCL_WATCHDOG = ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1, "
+                 "NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.")
+
+
+def test_a_dead_workers_last_words_are_read_from_its_log_file(rl_env, tmp_path):
+    """torch's NCCL watchdog prints its cause on stderr and ends the process: with the worker's
+    stderr in its log file, rlhf.launch.failures still finds that line (tail_for_actor)."""
+    import ray
+
+    from rlhf.launch.failures import timeout_in
+    from rlhf.track.worker_logs import tail_for_actor
+
+    spec = SimpleNamespace(run_dir=str(tmp_path / "run"), tracking=SimpleNamespace(console="plain"))
+
+    @ray.remote(num_cpus=0)
+    class Dying:
+        def __init__(self, spec):
+            from rlhf.track.worker_logs import log_to_file
+
+            log_to_file(spec, "actor", 2)
+
+        def die(self, text):
+            import os
+            import sys
+
+            sys.stderr.write(f"terminate called after throwing an instance of 'c10::DistBackendError'\n  what(): {text}\n")
+            sys.stderr.flush()
+            os._exit(134)
+
+    a = Dying.remote(spec)
+    actor_id = a._actor_id.hex()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(a.die.remote(NCCL_WATCHDOG))
+    found = timeout_in(tail_for_actor(spec, actor_id))
+    assert found is not None and found[:2] == (600.0, "NCCL") and "WorkNCCL(SeqNum=41" in found[2]
+    assert tail_for_actor(spec, "ffffffffffffffffffffffff01000000") == ""  # no such actor
