@@ -32,9 +32,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.schema import tracking_backends
-from rlhf.spec.errors import UserError
+from rlhf.track.params import (  # noqa: F401 - names the sweep and the tests import from here
+    REDACTED,
+    SECRET_WORDS,
+    SWEEP_GROUP,
+    SWEEP_PARENT,
+    is_secret_key,
+    redact,
+    redact_url,
+    typed_params,
+)
+from rlhf.track.params import string_params as _params  # MLflow's params (tests patch this name)
 
 
 def output_root(run_dir: str) -> Path:
@@ -47,19 +58,6 @@ def output_root(run_dir: str) -> Path:
 
 def default_tracking_uri(run_dir: str) -> str:
     return f"sqlite:///{output_root(run_dir) / 'mlflow.db'}"
-
-
-from rlhf.track.params import (  # noqa: F401 - names the sweep and the tests import from here
-    REDACTED,
-    SECRET_WORDS,
-    SWEEP_GROUP,
-    SWEEP_PARENT,
-    string_params as _params,
-    is_secret_key,
-    redact,
-    redact_url,
-    typed_params,
-)
 
 
 def _creation_lock(uri: str):
