@@ -205,11 +205,17 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         console.print(tracker.where())
         from rlhf.launch import start_cluster
 
-        cluster = start_cluster(spec)
+        from rlhf.track.worker_logs import log_dir, setup_line  # rlhf/track: the workers' output in files
+
+        with console.status("starting the cluster: models load, engines start", str(run_dir)):
+            cluster = start_cluster(spec)
         if on_main:  # ray.init sets its own SIGTERM handler (sys.exit): ours again
             signal.signal(signal.SIGTERM, _raise_terminated)
         console.print(f"cluster up in {time.perf_counter() - t0:.1f} s: " + ", ".join(
-            f"{r} ×{g.world_size}" for r, g in cluster.groups.items()))
+            f"{r} ×{g.world_size}" for r, g in cluster.groups.items())
+            + (f" · worker logs: {log_dir(run_dir)}/" if spec.tracking.console != "verbose" else ""))
+        if setup_line(spec):
+            console.print(setup_line(spec))
         import importlib
 
         loop = importlib.import_module(f"rlhf.loops.{kind}")
@@ -218,6 +224,12 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         status = "FINISHED"
         if (run_dir / "final" / "hf").is_dir():  # every loop ends with its HF export there
             tracker.log_model_path(str(run_dir / "final" / "hf"))
+        from rlhf.report import report_at_end  # rlhf/report: the run's curves, PNG + HTML, MLflow artifacts
+
+        report_at_end(spec, run_dir, tracker, console)
+        from rlhf.hub_push import push_at_end  # checkpoint.push_to_hub: final/hf to the Hub
+
+        push_at_end(spec, run_dir, console.print)
         console.close()
         if kind == "rl":
             console.print(
@@ -257,7 +269,9 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         died = worker_failure(e, cluster)  # a dead worker or engine, a collective timeout
         if died is not None:
             _close(console)
-            print(f"error: {died}", file=sys.stderr)
+            from rlhf.track.worker_logs import where  # rlhf/track: the workers' own account of it
+
+            print(f"error: {died}{where(spec)}", file=sys.stderr)
             return EXIT_FAILURE
         raise
     finally:

@@ -137,9 +137,10 @@ class MlflowSweepHooks(SweepHooks):
         self.parent_id = run.info.run_id
 
     def job_start(self, job: Job, spec: RunSpec) -> None:
+        from rlhf.spec.schema import tracking_backends
         from rlhf.track.tracker import SWEEP_PARENT
 
-        if spec.mode != "run" or spec.tracking.backend != "mlflow":
+        if spec.mode != "run" or "mlflow" not in tracking_backends(spec.tracking.backend):
             return
         if self.parent_id is None:
             self._open(spec)
@@ -184,8 +185,10 @@ class MlflowSweepHooks(SweepHooks):
 
 
 def default_hooks() -> list[SweepHooks]:
-    """Every sweep: one Ray cluster for all jobs, an MLflow parent run with a child per job."""
-    return [RaySweepHooks(), MlflowSweepHooks()]
+    """Every sweep: one Ray cluster for all jobs, an MLflow parent run with a child per job, a W&B group."""
+    from rlhf.track.sweep_group import TrackerSweepHooks  # rlhf/track: the W&B group of each job
+
+    return [RaySweepHooks(), MlflowSweepHooks(), TrackerSweepHooks()]
 
 
 # ----------------------------------------------------------------------------- jobs

@@ -66,7 +66,10 @@ def worker_failure(e: BaseException, cluster: Cluster) -> Optional[str]:
     actor_id = _actor_id(e)
     roles, rank = _roles_of(cluster, actor_id)
     if died and timeout is None and actor_id:  # torch's NCCL watchdog ends the process (its default)
-        timeout = timeout_in(_stderr_tail(actor_id))
+        from rlhf.track.worker_logs import tail_for_actor  # rlhf/track: its stderr went to its log file
+
+        spec = getattr(cluster, "spec", None)
+        timeout = timeout_in(_stderr_tail(actor_id) + (tail_for_actor(spec, actor_id) if spec else ""))
     if engine is not None and "rollout" in roles:
         roles = ["rollout"]  # one process may hold several roles (CPU hybrid): the engine is the rollout's
     where = getattr(e, _WHERE, None)

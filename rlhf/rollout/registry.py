@@ -55,7 +55,7 @@ class EngineKind:
 
     def death(self, error: str) -> str:
         """The cause in the run's error line when the engine raised ``error`` (one of ``dead_errors``)."""
-        return f"the {self.name} engine stopped ({error}; the engine's log above has the cause)"
+        return f"the {self.name} engine stopped ({error}; the engine's log has the cause)"
 
     # ---- the engine itself (in the rollout worker)
 

@@ -34,7 +34,7 @@ class VLLMKind(EngineKind):
     dead_errors = ("EngineDeadError", "AsyncEngineDeadError")  # the engine core process is gone
 
     def death(self, error: str) -> str:
-        return f"vLLM's engine core stopped ({error}; the engine's log above has the cause)"
+        return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"
 
     def create(self, spec: RunSpec, tokenizer: Any, device: str, settings: dict[str, Any]) -> RolloutEngine:
         from rlhf.rollout.vllm import VLLMEngine

@@ -452,14 +452,42 @@ class RewardSpec(Frozen):
     timeout_s: float = doc(60.0, "Seconds a reward function may take before it counts as hung.")
 
 
+TRACKERS = ("mlflow", "tensorboard", "wandb")
+
+
+def tracking_backends(value: Any) -> tuple[str, ...]:
+    """``tracking.backend`` as the tuple of trackers it names: one name, ``none`` or a list
+    (``[mlflow,tensorboard]``); ``none`` inside a list counts as nothing."""
+    names = [value] if isinstance(value, str) or value is None else list(value)
+    return tuple(dict.fromkeys(str(n) for n in names if n not in (None, "none", "")))
+
+
+@dataclass
+class WandbSpec(Frozen):
+    """Weights & Biases, when ``wandb`` is one of tracking.backend."""
+
+    project: Optional[str] = doc(None, "The W&B project; None = tracking.experiment.")
+    entity: Optional[str] = doc(None, "The W&B entity (user or team); None = the account's default.")
+    mode: Optional[str] = doc(None, "online | offline; None = the WANDB_MODE environment variable, else online. "
+                              "offline writes <run dir>/wandb/offline-run-*, sent later with `wandb sync DIR`.")
+    tags: list[str] = docf(list, "Tags of the W&B run (the algo name is always one).")
+
+
 @dataclass
 class TrackingSpec(Frozen):
     """Metrics: where they are stored and shown."""
 
-    backend: str = doc("mlflow", "mlflow | none.")
-    uri: Optional[str] = doc(None, "The tracking URI; None = a sqlite store under the output root.")
-    experiment: str = doc("rlhf", "The experiment's name in the tracking store.")
-    console: str = doc("rich", "Console progress: rich | plain | none.")
+    backend: Any = doc("mlflow", "The trackers: mlflow | tensorboard | wandb | none, or several as a list "
+                       "(tracking.backend=[mlflow,tensorboard,wandb]). Each gets the same metric names and steps; "
+                       "tensorboard writes <run dir>/tensorboard (tensorboard --logdir a sweep dir groups its jobs); "
+                       "one that fails (disk, credentials) is dropped with one line and training goes on.")
+    uri: Optional[str] = doc(None, "The MLflow tracking URI; None = a sqlite store under the output root.")
+    experiment: str = doc("rlhf", "The experiment's name in the tracking store (MLflow experiment, W&B project).")
+    wandb: WandbSpec = docf(WandbSpec, "Weights & Biases settings.")
+    console: str = doc("rich", "What the console shows: rich (a live progress bar on a terminal, else plain) | "
+                       "plain (a line per step) | verbose (plain, and every worker's own output: vLLM, DeepSpeed, "
+                       "Ray, NCCL, torch warnings) | none. Except with verbose, each worker's output goes to "
+                       "<run dir>/logs/<role>_<rank>.log instead.")
     log_every: int = doc(1, "Steps between metric logs.")
     objective: str = doc("reward/mean", "What a sweep (-m) returns to Hydra's sweeper (e.g. Optuna's "
                          "objective): this metric's mean over the last fifth of the steps that logged it.")
@@ -474,6 +502,11 @@ class CheckpointSpec(Frozen):
     save_hf: bool = doc(True, "An HF-format export of each trained role inside every checkpoint.")
     best_metric: Optional[str] = doc(None, "e.g. eval/greedy/reward_mean: its best (highest) checkpoint "
                                      "survives rotation; None = off.")
+    push_to_hub: Optional[str] = doc(None, "A Hub repo id (org/name): at the end of the run, final/hf (and a LoRA "
+                                     "policy's adapter, under adapter/) is uploaded there with a model card; "
+                                     "the token is HF_TOKEN or `hf auth login`. A failed upload leaves the local "
+                                     "export as it is and says so in one line. None = no upload.")
+    hub_private: bool = doc(True, "push_to_hub creates the repo private (an existing repo keeps its visibility).")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Tracking: MLflow (default) and a console progress line (tracker.py); metrics.jsonl (metrics_file.py)."""
+"""Tracking: MLflow, TensorBoard and W&B side by side (tracker.py and one module each), a console
+progress line (tracker.py); metrics.jsonl (metrics_file.py)."""
 
 from rlhf.track.metrics_file import MetricsFile
 from rlhf.track.tracker import Console, Tracker, default_tracking_uri, output_root

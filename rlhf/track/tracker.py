@@ -1,4 +1,12 @@
-"""Run tracking from the driver: MLflow params/metrics/artifacts and a console line.
+"""Run tracking from the driver: the trackers of ``tracking.backend`` and a console line.
+
+``Tracker`` fans each call out to every tracker the spec names (MLflow here; TensorBoard in
+rlhf/track/tensorboard_run.py; W&B in rlhf/track/wandb_run.py), all fed the same params, metric
+names and steps. A tracker that raises (its disk is full, its credentials are refused, its server
+is gone) is dropped with one ``warning:`` line and the run goes on with the others: metrics.jsonl
+in the run dir stays the record.
+
+MLflow:
 
 * ``tracking.uri`` null: a sqlite store ``sqlite:///<output root>/mlflow.db`` (created here, in
   the driver, before any worker could race on it) with artifacts in ``<output root>/mlartifacts``.
@@ -16,15 +24,28 @@
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
+from rlhf.spec.schema import tracking_backends
+from rlhf.track.params import (  # noqa: F401 - names the sweep and the tests import from here
+    REDACTED,
+    SECRET_WORDS,
+    SWEEP_GROUP,
+    SWEEP_PARENT,
+    is_secret_key,
+    redact,
+    redact_url,
+    typed_params,
+)
+from rlhf.track.params import string_params as _params  # MLflow's params (tests patch this name)
 
 
 def output_root(run_dir: str) -> Path:
@@ -37,51 +58,6 @@ def output_root(run_dir: str) -> Path:
 
 def default_tracking_uri(run_dir: str) -> str:
     return f"sqlite:///{output_root(run_dir) / 'mlflow.db'}"
-
-
-SECRET_WORDS = ("token", "secret", "password", "passwd", "api_key", "apikey", "credential", "private_key",
-                "authorization", "auth_header")
-REDACTED = "***"
-# (MLflow parent run id, job index) of the sweep job running in this context: its run is a child.
-# A context variable, not the environment: jobs of the parallel launcher run in threads side by side.
-SWEEP_PARENT: contextvars.ContextVar[Optional[tuple[str, str]]] = contextvars.ContextVar("rlhf_sweep_parent", default=None)
-
-
-def is_secret_key(key: str) -> bool:
-    """A config key whose value must not be logged (``*token*``, ``*secret*``, ``*password*``,
-    ``*api_key*`` ...); ``max_prompt_tokens`` and the like are counts, not secrets."""
-    leaf = key.rsplit(".", 1)[-1].lower()
-    if not any(w in leaf for w in SECRET_WORDS):
-        return False
-    if "token" in leaf and not any(w in leaf for w in SECRET_WORDS if w != "token"):
-        return not (leaf.endswith("tokens") or "token_id" in leaf or leaf.startswith(("pad_", "eos_", "bos_"))
-                    or leaf.startswith(("max_", "min_", "num_", "n_")))
-    return True
-
-
-def redact_url(value: str) -> str:
-    """``scheme://user:pass@host`` -> ``scheme://user:***@host``; ``?token=...`` query values too."""
-    import re
-
-    value = re.sub(r"(://[^/:@\s]+):[^/@\s]+@", r"\1:" + REDACTED + "@", value)
-    return re.sub(r"((?:token|key|secret|password|sig|signature)=)[^&\s,\]']+", r"\1" + REDACTED, value,
-                  flags=re.IGNORECASE)
-
-
-def redact(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: (REDACTED if is_secret_key(k) and v not in (None, "", "None") else
-                redact_url(v) if isinstance(v, str) else v) for k, v in params.items()}
-
-
-def _params(spec: RunSpec) -> dict[str, str]:
-    from rlhf.spec.build import config_dict, flatten, to_dict
-
-    params = flatten(config_dict(spec))
-    params.update(flatten({"batch": to_dict(spec.batch)}, "derived."))
-    params["derived.roles"] = ",".join(spec.roles)
-    params["derived.rollout_engine"] = spec.rollout_engine
-    params.update({f"derived.{d.key}": d.value for d in getattr(spec, "auto", ())})  # what auto chose
-    return redact({k: str(v)[:6000] for k, v in params.items()})
 
 
 def _creation_lock(uri: str):
@@ -125,24 +101,25 @@ class Retrying:
         return call
 
 
-class Tracker:
-    """MLflow run of one training run (``tracking.backend=none``: a no-op)."""
+class MlflowRun:
+    """The MLflow run of one training run (or, ``open_run=False``, only its experiment)."""
+
+    name = "mlflow"
 
     def __init__(self, spec: RunSpec, run_dir: str, artifacts: tuple[str, ...] = (), open_run: bool = True):
         self.spec = spec
-        self.enabled = spec.tracking.backend == "mlflow"
         self.run_id: Optional[str] = None
         self.uri: Optional[str] = None
         self.experiment_id: Optional[str] = None
-        if not self.enabled:
-            return
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
         import logging
 
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
+
+        # after the import, which sets mlflow's level to INFO ("Creating initial MLflow database tables...")
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
 
         root = output_root(run_dir)
         root.mkdir(parents=True, exist_ok=True)
@@ -185,51 +162,184 @@ class Tracker:
         self.client.log_text(self.run_id, "\n".join(getattr(spec, "overrides", ())) + "\n", "overrides.txt")
         self.client.log_text(self.run_id, str(spec.model.path) + "\n", "model_path.txt")
 
-    @classmethod
-    def experiment_only(cls, spec: RunSpec, run_dir: str) -> "Tracker":
-        """The client and experiment of ``spec.tracking``, without a run of its own."""
-        return cls(spec, run_dir, open_run=False)
-
     def log_model_path(self, path: str) -> None:
-        """Where the run's final HF export is (``final/hf``): a tag and an artifact."""
-        if self.enabled and self.run_id:
+        if self.run_id:
             self.client.set_tag(self.run_id, "rlhf.final_model", str(Path(path).resolve()))
             self.client.log_text(self.run_id, str(Path(path).resolve()) + "\n", "final_model_path.txt")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        ms = [Metric(k, v, ts, step) for k, v in metrics.items()]
         for i in range(0, len(ms), 1000):
             self.client.log_batch(self.run_id, metrics=ms[i:i + 1000])
 
+    def log_artifact(self, path: str, folder: Optional[str] = None) -> None:
+        if self.run_id:
+            self.client.log_artifact(self.run_id, path, folder)
+
     def where(self) -> str:
-        if not self.enabled:
-            return "tracking: off (tracking.backend=none)"
         lines = [f"mlflow: run {self.run_id} in experiment {self.spec.tracking.experiment!r} at {redact_url(self.uri)}"]
         if self.uri.startswith("sqlite:") or self.uri.startswith("file:"):
             lines.append(f"        view it: mlflow ui --backend-store-uri {self.uri}")
         return "\n".join(lines)
 
-    def finish(self, status: str = "FINISHED") -> None:
-        if self.enabled and self.run_id:
+    def finish(self, status: str) -> None:
+        if self.run_id:
+            self.client.set_terminated(self.run_id, status=status)
+
+
+def _open_backend(name: str, spec: RunSpec, run_dir: str, artifacts: tuple[str, ...]) -> Any:
+    if name == "mlflow":
+        return MlflowRun(spec, run_dir, artifacts)
+    if name == "tensorboard":
+        from rlhf.track.tensorboard_run import TensorBoardRun
+
+        return TensorBoardRun(spec, run_dir)
+    from rlhf.track.wandb_run import WandbRun
+
+    return WandbRun(spec, run_dir)
+
+
+# the package each tracker needs, and how to get it
+PACKAGES = {"tensorboard": ("tensorboardX", "pip install tensorboardX"), "wandb": ("wandb", "pip install 'rlhf[wandb]'")}
+
+
+def _warn_stderr(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+class Tracker:
+    """Every tracker of ``tracking.backend`` for one training run (none: a no-op).
+
+    Each call goes to each open tracker; one that raises is dropped (``dropped`` keeps why) with
+    one ``warning:`` line through ``warn``, and the others go on. A tracker whose package is not
+    installed stops the run before it starts (a UserError naming the install command)."""
+
+    def __init__(self, spec: RunSpec, run_dir: str, artifacts: tuple[str, ...] = (), open_run: bool = True,
+                 warn: Optional[Callable[[str], None]] = None):
+        self.spec = spec
+        self.names = tracking_backends(spec.tracking.backend)
+        self.enabled = bool(self.names)
+        self.warn = warn or _warn_stderr
+        self.backends: list[Any] = []
+        self.dropped: dict[str, str] = {}
+        self.mlflow: Optional[MlflowRun] = None
+        for name in self.names:
+            if name in PACKAGES:
+                import importlib.util
+
+                module, install = PACKAGES[name]
+                if importlib.util.find_spec(module) is None:
+                    raise UserError(f"tracking.backend names {name}, but the {module} package is not installed. "
+                                    f"Install it ({install}) or drop {name} from tracking.backend.")
+        if not open_run:  # the experiment only (a sweep's parent run is made by rlhf.sweep): errors raise
+            if "mlflow" in self.names:
+                self.mlflow = MlflowRun(spec, run_dir, open_run=False)
+            return
+        for name in self.names:
             try:
-                self.client.set_terminated(self.run_id, status=status)
-            except Exception:  # noqa: BLE001
+                backend = _open_backend(name, spec, run_dir, artifacts)
+            except Exception as e:  # noqa: BLE001 - any tracker's failure: drop it, keep training
+                self._drop(name, "could not start", e)
+                continue
+            self.backends.append(backend)
+            if name == "mlflow":
+                self.mlflow = backend
+
+    @classmethod
+    def experiment_only(cls, spec: RunSpec, run_dir: str) -> "Tracker":
+        """The MLflow client and experiment of ``spec.tracking``, without a run of its own."""
+        return cls(spec, run_dir, open_run=False)
+
+    # MLflow's run, for the sweep's parent/child runs and the tests
+    @property
+    def run_id(self) -> Optional[str]:
+        return self.mlflow.run_id if self.mlflow else None
+
+    @property
+    def client(self) -> Any:
+        return self.mlflow.client if self.mlflow else None
+
+    @property
+    def experiment_id(self) -> Optional[str]:
+        return self.mlflow.experiment_id if self.mlflow else None
+
+    @property
+    def uri(self) -> Optional[str]:
+        return self.mlflow.uri if self.mlflow else None
+
+    def _drop(self, name: str, doing: str, e: BaseException) -> None:
+        for b in self.backends:
+            if b.name == name:  # keep what it has written so far (a writer's buffer), if it still can
+                try:
+                    b.finish("FAILED")
+                except Exception:  # noqa: BLE001
+                    pass
+        self.backends = [b for b in self.backends if b.name != name]
+        if name == "mlflow":
+            self.mlflow = None
+        self.dropped[name] = _reason(e)
+        self.warn(f"tracking: {name} {doing} ({_reason(e)}); training goes on without it "
+                  f"(metrics.jsonl in the run dir has every step)")
+
+    def _each(self, doing: str, call: Callable[[Any], None]) -> None:
+        for b in list(self.backends):
+            try:
+                call(b)
+            except Exception as e:  # noqa: BLE001
+                self._drop(b.name, doing, e)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.backends:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        self._each("failed to log metrics", lambda b: b.log(step, clean))
+
+    def log_model_path(self, path: str) -> None:
+        """Where the run's final HF export is (``final/hf``): a tag and an artifact."""
+        self._each("failed to record the model path", lambda b: b.log_model_path(path))
+
+    def log_artifact(self, path: str, folder: Optional[str] = None) -> None:
+        """A file of the run (the report) in the trackers that keep files (MLflow, W&B)."""
+        self._each("failed to store an artifact",
+                   lambda b: b.log_artifact(path, folder) if hasattr(b, "log_artifact") else None)
+
+    def where(self) -> str:
+        if not self.names:
+            return "tracking: off (tracking.backend=none)"
+        lines = []
+        for b in self.backends:
+            try:
+                lines.append(b.where())
+            except Exception:  # noqa: BLE001 - a line of text must not end the run
+                lines.append(f"{b.name}: (unknown)")
+        lines += [f"{n}: off ({why})" for n, why in self.dropped.items()]
+        return "\n".join(lines)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        for b in self.backends:
+            try:
+                b.finish(status)
+            except Exception:  # noqa: BLE001 - the run has ended; its tracker's goodbye must not fail it
                 pass
-            self.run_id_done = self.run_id
+        if self.mlflow is not None:
+            self.run_id_done = self.mlflow.run_id
 
 
 class Console:
-    """A live progress line (rich on a terminal), plain lines otherwise, or nothing."""
+    """A live progress line (rich on a terminal), plain lines otherwise, or nothing (``tracking.console``)."""
 
     def __init__(self, mode: str, total_steps: int, stream=None):
         self.stream = stream or sys.stdout
         self.total = total_steps
-        self.mode = mode
+        self.mode = "plain" if mode == "verbose" else mode  # verbose: the workers' output too (worker_logs)
         if mode == "rich" and not self.stream.isatty():
             self.mode = "plain"
         self._progress = None
@@ -258,6 +368,41 @@ class Console:
         if "time/step" in m:
             parts.append(f"{m['time/step']:.2f} s/step")
         return " · ".join(parts)
+
+    def status(self, text: str, run_dir: Optional[str] = None) -> "contextlib.AbstractContextManager[None]":
+        """While the block runs: ``text`` and the seconds so far on the live line (rich), with the
+        newest line of the workers' logs under ``run_dir`` (what they are doing: loading weights,
+        capturing CUDA graphs); plain: ``text`` once; none: nothing."""
+        import threading
+
+        if self.mode == "none":
+            return contextlib.nullcontext()
+        if self._progress is None:
+            self.print(text)
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def live():
+            from rlhf.track.worker_logs import latest_line
+
+            stop, t0 = threading.Event(), time.monotonic()
+
+            def tick():
+                while not stop.wait(0.5):
+                    now = latest_line(run_dir) if run_dir else ""
+                    self._progress.update(self._task, info=f"{text} {time.monotonic() - t0:.0f} s"
+                                                            + (f" · {now}" if now else ""))
+
+            thread = threading.Thread(target=tick, name="rlhf-console-status", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join()
+                self._progress.update(self._task, info="")
+
+        return live()
 
     def set_total(self, total_steps: int) -> None:
         """Loops that learn their step count from the data (sft, rm, dpo) set it here."""

@@ -107,6 +107,9 @@ class Worker:
     """Base of every Ray worker class (the launcher wraps subclasses with ``ray.remote``)."""
 
     def __init__(self, spec: RunSpec, role: str, rank: int, world_size: int):
+        from rlhf.track.worker_logs import log_to_file  # rlhf/track: this process's output to <run dir>/logs/
+
+        log_to_file(spec, role, rank)
         skip_unused_imports()
         self.spec = spec
         self.role = role

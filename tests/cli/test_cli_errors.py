@@ -86,7 +86,7 @@ BAD = [
     (["model.dtype=float16"], ["model.dtype=float16 is not supported on CPU", "float32"]),
     (["rollout.engine=vllm"], ["rollout.engine=vllm needs GPUs but hardware=cpu", "rollout.engine=hf"]),
     (["rollout.gpu_memory_utilization=1.5", *L8], ["rollout.gpu_memory_utilization=1.5 must be in (0, 1)"]),
-    (["tracking.backend=wandb"], ["tracking.backend='wandb'", "mlflow, none"]),
+    (["tracking.backend=neptune"], ["tracking.backend='neptune'", "mlflow, tensorboard, wandb, none"]),
     (["hardware.nodes=0"], ["hardware.nodes=0", "must be >= 1"]),
     (["model.name=???"], ["model.name is required but not set", "model.name=VALUE"]),
     (["train.offload_optimizer=true", "train.zero_stage=0"],

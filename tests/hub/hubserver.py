@@ -10,7 +10,17 @@ The server answers the routes ``huggingface_hub.snapshot_download`` / ``hf_hub_d
     GET  /[datasets/]{repo}/resolve/{rev}/{file}           the bytes
 
 and the Hub's error headers (``X-Error-Code``: RepoNotFound, RevisionNotFound, GatedRepo,
-EntryNotFound) that huggingface_hub turns into its exception types. A gated repo answers file
+EntryNotFound) that huggingface_hub turns into its exception types.
+
+Uploads (``HfApi.create_repo`` / ``create_commit`` / ``upload_folder``), every file sent inline:
+
+    POST /api/repos/create                                 {"name", "organization"}: 200, or 409 if it exists
+    POST /api/validate-yaml                                a README's metadata: always valid
+    POST /api/models/{repo}/preupload/{rev}                every file "regular" (base64 in the commit)
+    POST /api/models/{repo}/commit/{rev}                   the ndjson commit: files added, a new commit id
+
+With ``token`` set, uploads need ``Authorization: Bearer <token>`` (else 401); ``refuse_commits``
+answers every commit with a 500 (a Hub failing mid-push). A gated repo answers file
 requests only with ``Authorization: Bearer <token>``. ``sizes`` makes a file claim another size
 (a huge model, for the disk-space check) without serving it.
 """
@@ -53,9 +63,12 @@ class Repo:
 class HubServer:
     """``with HubServer({("model", "org/name"): Repo(...)}, token="hf_x") as url: ...``"""
 
-    def __init__(self, repos: dict[tuple[str, str], Repo], token: Optional[str] = None):
+    def __init__(self, repos: dict[tuple[str, str], Repo], token: Optional[str] = None,
+                 refuse_commits: bool = False):
         self.repos = repos
         self.token = token
+        self.refuse_commits = refuse_commits
+        self.commits: list[tuple[str, str]] = []  # (repo id, commit message)
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, had an Authorization header)
         self._httpd: Optional[ThreadingHTTPServer] = None
 
@@ -71,6 +84,9 @@ class HubServer:
 
             def do_GET(self):
                 server._handle(self, body=True)
+
+            def do_POST(self):
+                server._upload(self)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -134,6 +150,52 @@ class HubServer:
         h.end_headers()
         if body:
             h.wfile.write(data)
+
+    def _upload(self, h: BaseHTTPRequestHandler) -> None:
+        path = unquote(urlsplit(h.path).path)
+        data = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        self.requests.append((h.command, path, "authorization" in {k.lower() for k in h.headers}))
+        if path == "/api/validate-yaml":
+            return self._json(h, {"errors": [], "warnings": []})
+        if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
+            return self._error(h, 401, None, "Invalid credentials in Authorization header")
+        if path == "/api/repos/create":
+            body = json.loads(data)
+            repo = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
+            kind = body.get("type") or "model"
+            if (kind, repo) in self.repos:
+                return self._error(h, 409, None, "You already created this model repo")
+            self.repos[(kind, repo)] = Repo(files={})
+            return self._json(h, {"url": f"http://{h.headers['Host']}/{repo}", "name": repo})
+        m = re.fullmatch(r"/api/(models|datasets)/(.+)/(preupload|commit)/([^/]+)", path)
+        if m is None:
+            return self._error(h, 404, None, "no such route")
+        kind, repo, op, _rev = m.group(1)[:-1], m.group(2), m.group(3), m.group(4)
+        if (kind, repo) not in self.repos:
+            return self._error(h, 404, "RepoNotFound", "Repository not found")
+        r = self.repos[(kind, repo)]
+        if op == "preupload":
+            files = json.loads(data)["files"]
+            return self._json(h, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                                             "oid": None} for f in files]})
+        if self.refuse_commits:
+            return self._error(h, 500, None, "Internal Error - We're working hard to fix this as soon as possible!")
+        import base64
+
+        message = ""
+        for line in data.splitlines():
+            item = json.loads(line)
+            if item["key"] == "header":
+                message = item["value"]["summary"]
+            elif item["key"] == "file":
+                r.files[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+        h_ = hashlib.sha1()
+        for name in sorted(r.files):
+            h_.update(name.encode() + b"\0" + r.files[name])
+        r.commit = h_.hexdigest()
+        self.commits.append((repo, message))
+        return self._json(h, {"commitUrl": f"http://{h.headers['Host']}/{repo}/commit/{r.commit}",
+                              "commitOid": r.commit, "pullRequestUrl": None})
 
     @staticmethod
     def _json(h: BaseHTTPRequestHandler, obj) -> None:

@@ -184,8 +184,8 @@ def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local,
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0] == (
         "error: rollout engine 1 (GPU 5) died during the generate phase of step 7: vLLM's engine core stopped "
-        "(EngineDeadError; the engine's log above has the cause). Cluster shut down. "
-        f"Last checkpoint: {saved} (step 6); continue with resume=<run dir>.")
+        "(EngineDeadError; the engine's log has the cause). Cluster shut down. "
+        f"Last checkpoint: {saved} (step 6); continue with resume=<run dir>. Worker logs: {out / 'logs'}/")
     assert (saved / "COMPLETE").is_file() and (saved / "driver.pt").read_bytes() == b"state"
     assert leftovers(*before) == ([], [])  # the stand-in engine was killed with the cluster
 

@@ -84,12 +84,12 @@ def test_validation_reports_every_problem_at_once():
     secs["algo"].kl.estimator = "k9"
     secs["algo"].lr = -1.0
     secs["train"].steps = 0
-    secs["tracking"].backend = "wandb"
+    secs["tracking"].backend = "neptune"
     secs["rollout"].temperature = 0.0
     with pytest.raises(SpecError) as e:
         build_sections(secs)
     text = "\n".join(e.value.problems)
-    for bit in ("algo.kl.estimator='k9'", "algo.lr=-1.0", "train.steps=0", "tracking.backend='wandb'",
+    for bit in ("algo.kl.estimator='k9'", "algo.lr=-1.0", "train.steps=0", "tracking.backend='neptune'",
                 "rollout.temperature=0.0"):
         assert bit in text
     assert len(e.value.problems) == 5

@@ -1,4 +1,5 @@
-"""A 3-job sweep at toy size, in one Ray cluster: one MLflow parent run and three child runs; the
+"""A 3-job sweep at toy size, in one Ray cluster: one MLflow parent run and three child runs, the
+jobs' W&B runs (offline) in one group and their TensorBoard event files one folder per job; the
 job made to fail (a data file that does not exist) is a FAILED child and the sweep goes on; no
 actor or placement group is left in the cluster after each job and after the sweep."""
 
@@ -55,6 +56,8 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, ca
 
     from rlhf.cli import parse_args
     from rlhf.sweep import MlflowSweepHooks, RaySweepHooks, multirun_main
+    from rlhf.track.sweep_group import TrackerSweepHooks
+    from tests.track import tb_events, wandb_log
 
     import ray
 
@@ -62,17 +65,18 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, ca
     # tests/conftest.py's rl_env leaves up for later modules in this process (it starts again there)
     ray.shutdown()
     monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     missing = tmp_path / "missing.jsonl"
     args = parse_args([
         "-m", "algo=grpo", "algo.kl.coef=0", "train.steps=1", "train.prompts_per_step=4", "rollout.max_response_tokens=2",
         "algo.group_size=2", "tracking.console=plain", f"tracking.uri={uri}", "tracking.experiment=sweep-test",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", "tracking.backend=[mlflow,tensorboard,wandb]",
         f"data.train_files=[builtin:keymap/train],[{missing}],[builtin:keymap/eval]",
     ])
     check = LeakCheck()
-    code = multirun_main(args, hooks=[RaySweepHooks(), check, MlflowSweepHooks()])
+    code = multirun_main(args, hooks=[RaySweepHooks(), check, MlflowSweepHooks(), TrackerSweepHooks()])
     assert code == 1  # one job failed, the others ran
     # the sweep's cluster is started as a run's is (rlhf.launch.cluster.init_ray: Ray's own INFO lines
     # off), with room for any job's layout on CPU
@@ -98,3 +102,12 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, ca
 
     assert len(check.after_jobs) == 3 and all(a == ([], []) for a in check.after_jobs), check.after_jobs
     assert (tmp_path / "sweep" / "0" / "final" / "hf" / "config.json").is_file()
+    # W&B: the jobs that ran are one group, named after the sweep dir; TensorBoard: a folder a job
+    groups = {}
+    for job in ("0", "2"):
+        (log,) = (tmp_path / "sweep" / job / "wandb").glob("offline-run-*/run-*.wandb")
+        run = wandb_log.run_record(wandb_log.closed(log))
+        groups[job] = (run.run_group, run.display_name)
+        assert tb_events.scalars(tmp_path / "sweep" / job / "tensorboard")["reward/mean"]
+    group = f"sweep {tmp_path.name}/sweep"
+    assert groups == {"0": (group, "sweep/0"), "2": (group, "sweep/2")}
