@@ -8,7 +8,7 @@ entropy of an SFT run, GPU memory on CPU) is left out of the image and named in 
   bar and stacked as its own phase. ``time/step`` is drawn over the bars: what the stack leaves
   out (bookkeeping between phases) is the gap.
 * GPU memory: each ``memory/*_gib`` series (per-process peaks the workers measure) against the
-  plan's figure for each phase or role (``rlhf.spec.memory.estimate``, GB converted to GiB),
+  plan's figure for each phase or role (``rlhf.plan.memory.estimate``, GB converted to GiB),
   drawn as dashed lines.
 """
 
@@ -138,6 +138,6 @@ def plan_memory_gib(spec: RunSpec) -> dict[str, float]:
     """The plan's GiB per phase (hybrid) or role (disaggregated); {} off CUDA."""
     if spec.hardware.accelerator != "cuda":
         return {}
-    from rlhf.spec.memory import GB, estimate
+    from rlhf.plan.memory import GB, estimate
 
     return {name: total * GB / 2**30 for name, total in estimate(spec).totals.items()}

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from rlhf.report.panels import Panel, build_panels, plan_memory_gib, read_rows
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console, Tracker
 
 PLAN_FILE = "plan_memory.json"  # the plan's GiB per phase/role, for a report redrawn on demand
 
@@ -162,7 +163,7 @@ def _algo(run_dir: Path) -> str:
     return "run"
 
 
-def report_at_end(spec: RunSpec, run_dir: str | Path, tracker: Any, console: Any) -> Optional[ReportFiles]:
+def report_at_end(spec: RunSpec, run_dir: str | Path, tracker: Tracker, console: Console) -> Optional[ReportFiles]:
     """The end of a run: the report, its files as MLflow artifacts (``report/``), one console
     line. A report that fails says so in one line: the run itself has succeeded."""
     try:

@@ -139,7 +139,7 @@ def test_data_and_reward_rules(rl):
 
 def test_run_rules(rl):
     [msg] = run.problems(with_(rl, "tracking", console="fancy"))
-    assert msg == "tracking.console='fancy' is not valid. Choose one of: rich, plain, none."
+    assert msg == "tracking.console='fancy' is not valid. Choose one of: rich, plain, verbose, none."
     [msg] = run.problems(with_(rl, "checkpoint", keep_last=0))
     assert msg == "checkpoint.keep_last=0 must be >= 1."
     [msg] = run.eval_problems(with_(with_(rl, "eval", every=5), "data", eval_files=()))
