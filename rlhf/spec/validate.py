@@ -16,6 +16,7 @@ from rlhf.algos.registry import (
     Registry,
     plugin_problem,
 )
+from rlhf.agent.config import problems as agent_problems
 from rlhf.placement.layout import divisors, plan_layout
 from rlhf.placement.layout import problems as placement_problems
 from rlhf.placement import registry as placements
@@ -177,6 +178,7 @@ def validate(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
     if hw.accelerator == "cpu" and s["model"].dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
     p.extend(_rollout_engine(s))
+    p.extend(agent_problems(s))
 
     # ---- placement
     n_before_placement = len(p)
