@@ -56,14 +56,16 @@ def _corpus() -> list[str]:
     return out * 4
 
 
-def build_chat_tokenizer(vocab_size: int = 400):
+def build_chat_tokenizer(vocab_size: int = 512):
     """The tokenizer (a ``PreTrainedTokenizerFast``) with CHAT_TEMPLATE; eos is ``<|im_end|>``,
     the token that ends an assistant turn."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # merges may cross spaces and punctuation (a tool call's fixed JSON becomes a few tokens), never digits
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
