@@ -4,9 +4,12 @@ the run builds from it (limits, sandbox pool, tools). Torch-free, like the spec.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlhf.spec.errors import UserError
+
+if TYPE_CHECKING:
+    from rlhf.spec.runspec import RunSpec
 
 ISOLATIONS = ("auto", "bwrap", "unshare", "none")
 
@@ -92,7 +95,7 @@ def problems(s: dict[str, Any]) -> list[str]:
     return p
 
 
-def limits(spec: Any) -> Any:
+def limits(spec: RunSpec) -> Any:
     """The run's ``TrajectoryLimits``: the whole trajectory within the rollout's token budget."""
     from rlhf.agent.loop import TrajectoryLimits
 
@@ -102,7 +105,7 @@ def limits(spec: Any) -> Any:
                             max_new_tokens=lim.max_turn_tokens or r.max_response_tokens, max_wall_s=lim.max_wall_s)
 
 
-def sandbox_pool(spec: Any) -> Any:
+def sandbox_pool(spec: RunSpec) -> Any:
     """The run's ``SandboxPool`` (agent.sandbox), for builtin:python."""
     import os
 
@@ -114,11 +117,11 @@ def sandbox_pool(spec: Any) -> Any:
     return SandboxPool(lim, workers=workers, isolation=sb.isolation)
 
 
-def needs_sandbox(spec: Any) -> bool:
+def needs_sandbox(spec: RunSpec) -> bool:
     return any((e if isinstance(e, str) else dict(e).get("fn")) == "builtin:python" for e in spec.agent.tools)
 
 
-def import_plugins(spec: Any) -> None:
+def import_plugins(spec: RunSpec) -> None:
     for module in spec.agent.plugins:
         try:
             importlib.import_module(module)
