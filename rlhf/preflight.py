@@ -178,7 +178,7 @@ def check_model(spec: RunSpec, needs_chat_template: bool = False):
 
 
 def needs_chat_template(spec: RunSpec, rows: Optional[list] = None) -> bool:
-    if spec.data.chat_template:
+    if spec.data.chat_template or spec.agent.enabled:  # agent rollouts render every prompt as a chat
         return True
     key = spec.data.prompt_key
     return bool(rows) and any(isinstance(r.get(key), list) for r in rows)

@@ -14,15 +14,16 @@ import json
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
-# ChatML turns; tools listed in the system turn; consecutive tool answers share one user turn,
+# ChatML turns; tools listed in the system turn by name and parameters (compact: a tiny model's
+# context is short; a real model's template writes their JSON schemas); consecutive tool answers share one user turn,
 # each in <tool_response> tags; an assistant's structured tool_calls rendered as Hermes JSON.
 CHAT_TEMPLATE = (
     "{%- set nl = '\\n' -%}"
     "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else '' -%}"
     "{%- if tools -%}"
-    "<|im_start|>system{{ nl }}{% if sys %}{{ sys }}{{ nl }}{{ nl }}{% endif %}"
-    "You may call tools. Write each call as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>. Tools:"
-    "{%- for t in tools %}{{ nl }}{{ t | tojson }}{% endfor %}<|im_end|>{{ nl }}"
+    "<|im_start|>system{{ nl }}{% if sys %}{{ sys }}{{ nl }}{% endif %}Tools:"
+    "{%- for t in tools %} {{ t.function.name }}({{ (t.function.parameters.properties or {}) | join(', ') }})"
+    "{%- endfor %}<|im_end|>{{ nl }}"
     "{%- elif sys -%}<|im_start|>system{{ nl }}{{ sys }}<|im_end|>{{ nl }}"
     "{%- endif -%}"
     "{%- for m in messages -%}"
@@ -48,18 +49,23 @@ def _corpus() -> list[str]:
         call = json.dumps({"name": "lookup", "arguments": {"key": k}})
         out += [f"key {k}", f"<tool_call>\n{call}\n</tool_call>", f"value v{(i * 3) % 8}",
                 "print(sum(range(10)))", "def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3",
-                "The answer is", "Error: unknown tool", "system user assistant tool"]
+                "The answer is", "Error: unknown tool", "system user assistant tool", "Tools: lookup(key)"]
+    for op in ("+", "-", "*"):  # the code task (rlhf.data.agent_tasks)
+        for c in range(10):
+            out += [f"Write f(x) = x {op} {c} in Python.", f"```python\ndef f(x):\n    return x {op} {c}\n```"]
     return out * 4
 
 
-def build_chat_tokenizer(vocab_size: int = 400):
+def build_chat_tokenizer(vocab_size: int = 512):
     """The tokenizer (a ``PreTrainedTokenizerFast``) with CHAT_TEMPLATE; eos is ``<|im_end|>``,
     the token that ends an assistant turn."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # merges may cross spaces and punctuation (a tool call's fixed JSON becomes a few tokens), never digits
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

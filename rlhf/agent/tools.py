@@ -233,6 +233,19 @@ class ToolSet:
     def schemas(self) -> list[dict]:
         return [t.schema() for t in self.tools.values()]
 
+    def subset(self, names: list[str]) -> "ToolSet":
+        """The tools named (in that order), sharing this set's threads: what one prompt offers."""
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            raise UserError(f"tool(s) {', '.join(map(repr, unknown))} named by a data row are not among the "
+                            f"configured tools ({', '.join(self.tools) or 'none'}): add them to agent.tools.")
+        sub = object.__new__(ToolSet)
+        sub.tools = {n: self.tools[n] for n in dict.fromkeys(names)}
+        sub.max_result_chars = self.max_result_chars
+        sub._threads = self._threads
+        sub._validators = self._validators
+        return sub
+
     def malformed(self, err: ParseError) -> ToolOutcome:
         return ToolOutcome(name="", error="malformed",
                            content=f"Error: could not read the tool call ({err.reason}). Write "

@@ -8,7 +8,8 @@ Formats, chosen by the path:
     *.csv / *.tsv            header row, every value a string
     a directory              an HF ``datasets`` dataset written by ``save_to_disk`` (read offline);
                              a DatasetDict takes the ``train`` split unless ``dir::split`` names one
-    builtin:<task>/<split>   the built-in task's files (generated on first use): keymap/train|eval
+    builtin:<task>/<split>   the built-in task's files (generated on first use): keymap/train|eval;
+                             agent-<task>/<split> (rlhf.data.agent_tasks)
                              (RL prompts), keymap-sft/..., keymap-preference/..., keymap-prompts/...
     hub:<org>/<name>[@<revision>][:<config>]:<split>
                              a Hugging Face Hub data set (rlhf.data.hub), fetched into the HF cache
@@ -80,6 +81,10 @@ def resolve_builtin(name: str) -> str:
         from rlhf.data import builtin
     except ImportError as e:  # pragma: no cover - the module ships with the package
         raise UserError(f"{BUILTIN_PREFIX}{name}: the built-in task module is not available ({e}).") from None
+    if name.startswith("agent-"):  # the agent tasks (rlhf.data.agent_tasks)
+        from rlhf.data.agent_tasks import data_file
+
+        return str(data_file(name))
     if name.startswith("keymap-"):  # synthetic SFT / preference / prompt sets (rlhf.data.make)
         from rlhf.data.make import builtin_file
 

@@ -1,7 +1,7 @@
 """Supervised examples: rows → token ids with a loss mask on response tokens; truncation; packing.
 
 A row is either a conversation (``data.messages_key``: a list of {role, content}; every assistant
-turn is trained on) or a prompt/response pair (``data.prompt_key`` / ``data.response_key``).
+turn is trained on; ``data.tools_key``, if the row has it, the tools' JSON schemas the template renders) or a prompt/response pair (``data.prompt_key`` / ``data.response_key``).
 
     data.chat_template=true    render with ``tokenizer.apply_chat_template`` (prompt/response rows
                                become one user turn and one assistant turn); a tokenizer without a
@@ -86,21 +86,25 @@ def encode_text(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def _render(tokenizer: Any, messages: list[dict], *, gen_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt)
+def _render(tokenizer: Any, messages: list[dict], *, gen_prompt: bool, tools: Optional[list] = None) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=gen_prompt)
 
 
-def conversation_segments(tokenizer: Any, messages: list[dict], where: str) -> list[tuple[str, bool]]:
+def conversation_segments(tokenizer: Any, messages: list[dict], where: str,
+                          tools: Optional[list] = None) -> list[tuple[str, bool]]:
     """Chat-template text of a conversation split into (text, trained) pieces: every assistant
-    turn (what the template adds after the generation prompt) is trained, the rest is not."""
-    full = _render(tokenizer, messages, gen_prompt=False)
+    turn (what the template adds after the generation prompt) is trained, the rest is not.
+    ``tools``: the JSON schemas the template renders (a row's ``data.tools_key``), as an agent
+    rollout's prompt has them."""
+    full = _render(tokenizer, messages, gen_prompt=False, tools=tools)
     pieces: list[tuple[str, bool]] = []
     done = 0  # characters of `full` already assigned
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], gen_prompt=True) if i else ""
-        upto = _render(tokenizer, messages[: i + 1], gen_prompt=False)
+        before = _render(tokenizer, messages[:i], gen_prompt=True, tools=tools) if i else ""
+        upto = _render(tokenizer, messages[: i + 1], gen_prompt=False, tools=tools)
         if not full.startswith(before) or not full.startswith(upto) or len(before) < done:
             raise UserError(
                 f"{where}: the chat template does not render this conversation as a growing prefix, so the "
@@ -178,7 +182,11 @@ def sft_example(rec: Records, i: int, tokenizer: Any, data: DataSpec) -> Example
     if data.messages_key in row and isinstance(row[data.messages_key], list):
         msgs = row_value(rec, i, data.messages_key, spec_key="messages_key", kinds=("messages",))
         require_template(tokenizer)
-        ids, mask = encode_segments(tokenizer, conversation_segments(tokenizer, msgs, where))
+        tools = row.get(data.tools_key)
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise UserError(f"{where}: {data.tools_key!r} should be a list of tool JSON schemas (what the chat "
+                            f"template renders), got {str(tools)[:80]}. Fix the column or set data.tools_key.")
+        ids, mask = encode_segments(tokenizer, conversation_segments(tokenizer, msgs, where, tools))
         return Example(ids, mask)
     if data.prompt_key not in row and data.messages_key not in row:
         raise UserError(

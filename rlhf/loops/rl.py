@@ -131,10 +131,16 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
         from rlhf.loops.async_rl import Prefetcher
 
         prefetch = Prefetcher(spec, cluster, data, tokenizer)
+    agent = None
+    if spec.agent.enabled:  # chats with tool calls (rlhf.agent): each trajectory advances on its own
+        from rlhf.agent.rollout import AgentRollout
+
+        agent = AgentRollout(spec, tokenizer, cluster.rollout.workers)
     ckpt = ckpt_io.manager(spec, run_dir)
     from rlhf.loops.rl_eval import make_evaluator
 
-    evaluator = make_evaluator(spec, cluster, tokenizer, rewards, console)  # eval.every > 0 and data.eval_files
+    # eval.every > 0 and data.eval_files
+    evaluator = make_evaluator(spec, cluster, tokenizer, rewards, console, agent=agent)
     history: list[dict[str, float]] = []
     start = 0
     resumed = ckpt_io.latest(spec, run_dir)
@@ -165,12 +171,13 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
 
                 # ---- generate + reward (dynamic sampling keeps only groups that teach something)
                 rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                    spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
-                width = spec.rollout.max_response_tokens if spec.env.fn is None else None
+                    spec, step, data, tokenizer, cluster, rewards, ph, prefetch, agent)
+                multi_turn = spec.env.fn is not None or agent is not None
+                width = None if multi_turn else spec.rollout.max_response_tokens
                 batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
                                 tokenizer.pad_token_id, width)
                 mask = batch["response_mask"]
-                if spec.env.fn is not None:  # multi-turn: environment feedback tokens carry no loss
+                if multi_turn:  # environment feedback, the template's ids and tool answers carry no loss
                     from rlhf.envs.rollout import env_loss_mask
 
                     batch["response_mask"] = mask = mask * env_loss_mask(samples, mask.shape[1])
@@ -255,14 +262,17 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
         rewards.close()
         if prefetch is not None:
             prefetch.close()
+        if agent is not None:
+            agent.close()
     return summarize(history)
 
 
 # ----------------------------------------------------------------------------- generation + reward
 
 
-def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, prefetch=None):
-    """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups.
+def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, prefetch=None, agent=None):
+    """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups (``agent``: an
+    ``rlhf.agent.rollout.AgentRollout`` rolls the prompts out as chats with tool calls).
 
     With ``algo.dynamic_sampling`` (DAPO) groups whose scores are all equal are dropped and more
     prompts are drawn, up to 4 rounds; if still short, dropped groups fill the batch (their
@@ -279,9 +289,11 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, pref
             rows, prompt_ids, samples = ahead
         else:
             rows = data.next(P)
-            prompt_ids = tokenize_prompts(spec, tokenizer, rows)
+            prompt_ids = tokenize_prompts(spec, tokenizer, rows) if agent is None else []
         with ph("generate"):
-            if ahead is None:
+            if agent is not None:  # the chat template renders the prompts; ids come back with the trajectories
+                samples, prompt_ids, agent_stats = agent.run(rows, sampling_for(spec, step, r * P, len(rows)))
+            elif ahead is None:
                 samples = generate(cluster.rollout.workers, prompt_ids, sampling_for(spec, step, r * P, len(prompt_ids)))
             if spec.env.fn is not None:  # multi-turn (rlhf.envs): the environment answers and scores
                 from rlhf.envs.rollout import env_rollout
@@ -291,6 +303,8 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, pref
         with ph("reward"):
             if spec.env.fn is not None:
                 scores, parts = env_scores, env_parts
+            elif agent is not None:
+                scores, parts = agent.score(rows, samples, rewards, cluster, prompt_ids)
             else:
                 scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids)
         keep = torch.ones(len(samples), dtype=torch.bool)
@@ -319,6 +333,8 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, pref
                  "data/sampling_rounds": float(r + 1)}
     if spec.env.fn is not None:
         stats.update(env_stats)
+    if agent is not None:
+        stats.update(agent_stats)  # of the last sampling round
     if prefetch is not None:
         stats.update(prefetch.last)
     return rows, prompt_ids, samples, scores, parts, stats

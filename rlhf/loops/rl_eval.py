@@ -17,6 +17,9 @@ Eval prompts longer than ``rollout.max_prompt_tokens`` are dropped (as training 
 a console line. With ``checkpoint.best_metric=eval/...`` an evaluation also runs at every
 checkpoint step that ``eval.every`` misses, so that each checkpoint is ranked by its own weights.
 
+With ``agent.enabled`` each response is a whole chat with tool calls (``rlhf.agent.rollout``), scored on
+its final answer like training's.
+
 Sampling seeds are fixed per eval prompt (not per step), so evaluations differ only by the policy.
 Evaluating changes no training state: the rollout engines draw from per-sample generators (no
 global RNG), the reward functions run as in training, and nothing of the actor, the reference, the
@@ -47,8 +50,10 @@ def source_name(name: str) -> str:
 
 
 class Evaluator:
-    def __init__(self, spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None):
+    def __init__(self, spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None,
+                 agent: Any = None):
         self.spec, self.cluster, self.tokenizer, self.rewards = spec, cluster, tokenizer, rewards
+        self.agent = agent  # agent.enabled: prompts rolled out as chats with tool calls (rlhf.agent.rollout)
         rows: list[dict] = []
         for f in spec.data.eval_files:
             source = f.split(":", 1)[1] if f.startswith("builtin:") else Path(f).stem
@@ -85,9 +90,14 @@ class Evaluator:
         return self.at_checkpoints and ckpt is not None and ckpt.due(done, self.spec.train.steps)
 
     def _generate(self, sampling: Sampling) -> list[Sample]:
+        if self.agent is not None:
+            samples, self.agent_prompt_ids, _ = self.agent.run(self.rows, sampling)
+            return samples
         return generate(self.cluster.rollout.workers, self.prompt_ids, sampling)
 
     def _score(self, samples: list[Sample]) -> torch.Tensor:
+        if self.agent is not None:
+            return self.agent.score(self.rows, samples, self.rewards, self.cluster, self.agent_prompt_ids)[0]
         scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards, self.cluster,
                                   self.prompt_ids)
         return scores
@@ -121,7 +131,8 @@ def _metrics(prefix: str, greedy: torch.Tensor, sampled: torch.Tensor, threshold
     }
 
 
-def make_evaluator(spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None) -> Optional[Evaluator]:
+def make_evaluator(spec: RunSpec, cluster: Cluster, tokenizer, rewards, console: Optional[Console] = None,
+                   agent: Any = None) -> Optional[Evaluator]:
     if spec.eval.every <= 0 or not spec.data.eval_files:
         return None
-    return Evaluator(spec, cluster, tokenizer, rewards, console)
+    return Evaluator(spec, cluster, tokenizer, rewards, console, agent)

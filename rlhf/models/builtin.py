@@ -1,4 +1,6 @@
-"""The built-in tiny model: a randomly initialised Llama with the keymap task's word tokenizer.
+"""The built-in tiny models: randomly initialised Llamas. ``tiny`` has the keymap task's word
+tokenizer; ``tiny-chat`` the byte-level chat tokenizer of ``rlhf.agent.chat_tokenizer`` (a ChatML
+template with tool calls: the agent tasks, ``rlhf.data.agent_tasks``).
 
 Built on first use under ``cache_dir()/models/<name>-<hash of its numbers>`` and then loaded with
 ``from_pretrained`` like any checkpoint. Creation is atomic (write a temporary dir, rename), so
@@ -16,7 +18,8 @@ from rlhf.paths import cache_dir
 from rlhf.spec.schema import ModelSpec
 from rlhf.storage import atomic_dir
 
-BUILTIN_MODELS = ("tiny",)
+BUILTIN_MODELS = ("tiny", "tiny-chat")
+MAX_POSITIONS = {"tiny": 256, "tiny-chat": 512}
 INIT_SEED = 0
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
@@ -48,20 +51,38 @@ def build_tokenizer():
     return fast
 
 
-def _arch(model_spec: ModelSpec) -> dict:
+def tokenizer_for(name: str):
+    """The tokenizer of built-in model ``name``."""
+    if name == "tiny-chat":
+        from rlhf.agent.chat_tokenizer import build_chat_tokenizer
+
+        return build_chat_tokenizer()
+    return build_tokenizer()
+
+
+def vocab_size(name: str) -> int:
+    if name == "tiny-chat":
+        return len(tokenizer_for(name))
     from rlhf.data.builtin import VOCAB
 
-    return {
+    return len(VOCAB)
+
+
+def _arch(model_spec: ModelSpec, name: str = "tiny") -> dict:
+    arch = {
         "n_layers": model_spec.n_layers,
         "hidden": model_spec.hidden,
         "intermediate": model_spec.intermediate,
         "n_heads": model_spec.n_heads,
         "n_kv_heads": model_spec.n_kv_heads,
-        "vocab": len(VOCAB),
+        "vocab": vocab_size(name),
         "tie_embeddings": model_spec.tie_embeddings,
         "seed": INIT_SEED,
         "task_version": __import__("rlhf.data.builtin", fromlist=["VERSION"]).VERSION,
     }
+    if name != "tiny":  # tiny's folder name (a hash of these) stays what it was
+        arch["name"] = name
+    return arch
 
 
 def builtin_model_dir(name: str, model_spec: ModelSpec) -> Path:
@@ -69,12 +90,13 @@ def builtin_model_dir(name: str, model_spec: ModelSpec) -> Path:
     from rlhf.spec.errors import UserError
 
     if name not in BUILTIN_MODELS:
-        raise UserError(f"model.path=builtin:{name} is not a built-in model. Use builtin:tiny or a local HF dir.")
-    arch = _arch(model_spec)
+        raise UserError(f"model.path=builtin:{name} is not a built-in model. Use builtin:tiny, builtin:tiny-chat "
+                        "or a local HF dir.")
+    arch = _arch(model_spec, name)
     if model_spec.vocab != arch["vocab"]:
         raise UserError(
-            f"model.vocab={model_spec.vocab} does not match the built-in tokenizer's {arch['vocab']} tokens. "
-            f"Set model.vocab={arch['vocab']}."
+            f"model.vocab={model_spec.vocab} does not match the builtin:{name} tokenizer's {arch['vocab']} tokens. "
+            f"Set model.vocab={arch['vocab']} (or model=tiny-chat for builtin:tiny-chat)."
         )
     digest = hashlib.sha1(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:10]
     final = cache_dir() / "models" / f"{name}-{digest}"
@@ -96,10 +118,11 @@ def _write_tiny(folder: Path, arch: dict) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = build_tokenizer()
+    name = arch.get("name", "tiny")
+    tok = tokenizer_for(name)
     config = LlamaConfig(
         **hf_shape(arch),
-        max_position_embeddings=256,
+        max_position_embeddings=MAX_POSITIONS[name],
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -63,6 +63,7 @@ class RunSpec(S.Frozen):
     ray: S.RaySpec
     eval: S.EvalSpec
     env: S.EnvSpec
+    agent: S.AgentSpec
     mode: str
     output_dir: Optional[str]
     resume: Optional[str]

@@ -407,6 +407,9 @@ class DataSpec(Frozen):
     chosen_key: str = doc("chosen", "rm/dpo: the column holding the preferred response.")
     rejected_key: str = doc("rejected", "rm/dpo: the column holding the dispreferred response.")
     messages_key: str = doc("messages", "The column holding a chat (a list of role/content messages).")
+    tools_key: str = doc("tools", "The column holding a row's tools: sft, their JSON schemas (the chat template "
+                         "renders them); RL with agent.enabled, the names of the agent.tools its prompt offers "
+                         "(absent: all of them).")
     columns: list[str] = docf(list, "Renames in every file's rows, old:new, e.g. [question:prompt].")
     chat_template: bool = doc(False, "Render prompts with the tokenizer's chat template.")
     max_length: Optional[int] = doc(None, "sft/rm/dpo: tokens per sequence (prompt + response; a pair's "
@@ -531,6 +534,47 @@ class EnvSpec(Frozen):
 
 
 @dataclass
+class AgentLimitsSpec(Frozen):
+    """What one agent trajectory may use (rlhf.agent.loop.TrajectoryLimits)."""
+
+    max_turns: int = doc(4, "Assistant turns per trajectory (at most).")
+    max_tool_calls: int = doc(8, "Tool calls per trajectory; calls past it are answered with an error, not run.")
+    max_turn_tokens: Optional[int] = doc(None, "Tokens sampled per assistant turn; None = rollout.max_response_tokens. "
+                                         "The whole trajectory after the prompt (turns and tool answers) is held "
+                                         "to rollout.max_response_tokens.")
+    max_wall_s: float = doc(300.0, "Seconds per trajectory, tool calls included.")
+
+
+@dataclass
+class SandboxSpec(Frozen):
+    """The sandbox that runs model-written code (builtin:python, the code reward): rlhf.agent.sandbox."""
+
+    isolation: str = doc("auto", "auto | bwrap | unshare | none (auto: the strongest that works here; "
+                         "docs/agent.md says what each isolates).")
+    workers: Optional[int] = doc(None, "Sandboxes running at once; None = the CPU count, at most 8.")
+    cpu_s: int = doc(5, "CPU seconds per call.")
+    wall_s: float = doc(10.0, "Wall-clock seconds per call.")
+    memory_mb: int = doc(1024, "Address-space cap per call, MB.")
+    output_bytes: int = doc(65536, "Output kept per call (stdout and stderr); more kills the call.")
+
+
+@dataclass
+class AgentSpec(Frozen):
+    """Agentic RL rollouts (rlhf.agent): multi-turn chats with tool calls, each trajectory on its own."""
+
+    enabled: bool = doc(False, "Roll out chats through the agent loop: the prompt (data.prompt_key: a string or "
+                        "a list of messages) rendered with the chat template, tool calls run, trajectories "
+                        "advancing independently; the reward scores the final answer.")
+    tools: list[Any] = docf(list, "Tools: builtin:python, builtin:lookup, module:function, or {fn, name, "
+                            "schema, description, timeout_s}.")
+    parser: str = doc("hermes", "The tool-call format of the model's chat template (rlhf.agent.parsers).")
+    plugins: list[str] = docf(list, "Modules imported before the parser is looked up (their "
+                              "@register_parser classes add formats).")
+    limits: AgentLimitsSpec = docf(AgentLimitsSpec, "Limits per trajectory.")
+    sandbox: SandboxSpec = docf(SandboxSpec, "The sandbox of builtin:python.")
+
+
+@dataclass
 class RaySpec(Frozen):
     """The Ray cluster."""
 
@@ -558,6 +602,7 @@ class RunConfig:
     ray: RaySpec = docf(RaySpec, "The Ray cluster.")
     eval: EvalSpec = docf(EvalSpec, "RL evaluation.")
     env: EnvSpec = docf(EnvSpec, "A multi-turn environment.")
+    agent: AgentSpec = docf(AgentSpec, "Agentic rollouts: chats with tool calls.")
     mode: str = doc("run", "run | plan (plan: print the plan and exit; what --plan sets).")
     output_dir: Optional[str] = doc(None, "The run directory; None: Hydra's hydra.run.dir.")
     resume: Optional[str] = doc(None, "A run dir to continue from its newest checkpoint.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rlhf.agent.config import problems as agent_problems
 from rlhf.spec.rules import Sections, algo, data, model, placement, rollout, run, train
 from rlhf.spec.rules.algo import estimator_info
 
@@ -22,7 +23,7 @@ def validate(s: Sections, roles: tuple[str, ...], shape_from: Optional[str] = No
     counts = placement.device_counts(s)
     if counts:
         return p + counts
-    p += rollout.problems(s, roles)
+    p += rollout.problems(s, roles) + agent_problems(s)
     placed = placement.problems(s, roles, shape_from)
     p += placed
     p += train.problems(s, roles, batch_math=not placed)

@@ -2,7 +2,8 @@
 pool keeps working afterwards. Runs at the strongest isolation this machine has (bwrap in CI, which
 runs as root with bubblewrap installed); an attack that only that level stops is skipped, naming
 the level, where the machine has less (docs/agent.md says what each level guarantees). The
-fallback levels are exercised on the limits they do enforce."""
+fallback levels are exercised on the limits they do enforce (``any_pool``), the security cases only
+at the strongest level, the one CI uses (``pool``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def pool():
 
 @pytest.fixture(scope="module", params=[lvl for lvl in ISOLATIONS])
 def any_pool(request):
+    """A pool at each level that works here, for the limit checks (CPU, wall clock, memory, output,
+    processes: each level enforces them alike); the security cases run at the strongest (``pool``)."""
     if not available(request.param):
         pytest.skip(f"isolation {request.param} does not work on this machine")
     p = SandboxPool(LIMITS, workers=1, isolation=request.param)
@@ -51,8 +54,8 @@ def slot_processes(pool: SandboxPool) -> list[int]:
     return [pid for s in range(pool.workers) for pid in _live_pids(pool.uid_base + s)]
 
 
-def test_normal_code_runs_with_files_and_a_clean_environment(any_pool):
-    r = any_pool.run("import os, json\nprint(open('data.txt').read())\nprint(json.dumps(sorted(os.environ)))",
+def test_normal_code_runs_with_files_and_a_clean_environment(pool):
+    r = pool.run("import os, json\nprint(open('data.txt').read())\nprint(json.dumps(sorted(os.environ)))",
                      files={"data.txt": "hello"})
     assert r.ok, r
     lines = r.stdout.splitlines()
@@ -61,8 +64,8 @@ def test_normal_code_runs_with_files_and_a_clean_environment(any_pool):
     assert r.error_text() == ""
 
 
-def test_an_exception_is_the_calls_failure_with_its_traceback(any_pool):
-    r = any_pool.run("def f():\n    raise ValueError('boom')\nf()")
+def test_an_exception_is_the_calls_failure_with_its_traceback(pool):
+    r = pool.run("def f():\n    raise ValueError('boom')\nf()")
     assert not r.ok and r.killed is None and r.exit_code == 1
     assert "ValueError: boom" in r.stderr and "main.py" in r.stderr
 
@@ -108,17 +111,17 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(any_pool):
     assert any_pool.run("print(1)").stdout == "1\n"
 
 
-def test_secrets_in_the_hosts_environment_do_not_reach_the_code(any_pool, monkeypatch):
+def test_secrets_in_the_hosts_environment_do_not_reach_the_code(pool, monkeypatch):
     monkeypatch.setenv("RLHF_TEST_API_KEY", "sk-test-7f3a9c")
     code = ("import os\nprint(dict(os.environ))\n"
             f"for p in ('/proc/{os.getpid()}/environ', '/proc/1/environ', '/proc/self/environ'):\n"
             "    try:\n        print(open(p, 'rb').read())\n    except Exception as e:\n        print(p, type(e).__name__)")
-    r = any_pool.run(code)
+    r = pool.run(code)
     assert "sk-test-7f3a9c" not in r.stdout + r.stderr
 
 
-def test_killing_its_parent_or_a_host_process_fails(any_pool):
-    if any_pool.isolation == "none" and os.geteuid() != 0:
+def test_killing_its_parent_or_a_host_process_fails(pool):
+    if pool.isolation == "none" and os.geteuid() != 0:
         pytest.skip("isolation none without root: the code runs as the host's uid and can signal its processes")
     victim = subprocess.Popen(["sleep", "60"])
     try:
@@ -126,10 +129,10 @@ def test_killing_its_parent_or_a_host_process_fails(any_pool):
                 "for pid in (os.getppid(), 1, %d, %d):\n"
                 "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('sent', pid)\n"
                 "    except Exception as e:\n        print('refused', pid, type(e).__name__)\n") % (victim.pid, os.getpid())
-        r = any_pool.run(code)
+        r = pool.run(code)
         time.sleep(0.2)
         assert victim.poll() is None, r
-        assert any_pool.run("print(2)").stdout == "2\n"
+        assert pool.run("print(2)").stdout == "2\n"
     finally:
         victim.kill()
         victim.wait()
@@ -164,8 +167,8 @@ class _Server:
         self.sock.close()
 
 
-def test_a_server_on_loopback_cannot_be_reached(any_pool):
-    if any_pool.isolation == "none":
+def test_a_server_on_loopback_cannot_be_reached(pool):
+    if pool.isolation == "none":
         pytest.skip("isolation none has no network namespace (docs/agent.md)")
     server = _Server()
     try:
@@ -173,7 +176,7 @@ def test_a_server_on_loopback_cannot_be_reached(any_pool):
         s.close()
         time.sleep(0.3)
         assert server.accepted == 1
-        r = any_pool.run(f"import socket\ns = socket.create_connection(('127.0.0.1', {server.port}), timeout=2)\n"
+        r = pool.run(f"import socket\ns = socket.create_connection(('127.0.0.1', {server.port}), timeout=2)\n"
                          "s.sendall(b'leak')\nprint('connected')")
         time.sleep(0.3)
         assert not r.ok and "connected" not in r.stdout, r
@@ -182,8 +185,8 @@ def test_a_server_on_loopback_cannot_be_reached(any_pool):
         server.close()
 
 
-def test_etc_shadow_cannot_be_read(any_pool):
-    r = any_pool.run("print(open('/etc/shadow').read())")
+def test_etc_shadow_cannot_be_read(pool):
+    r = pool.run("print(open('/etc/shadow').read())")
     assert not r.ok
     assert "root:" not in r.stdout
 

@@ -9,6 +9,8 @@ costs a cluster start of its own:
     pipeline_sft/_rm/_ppo         tests/pref/test_pref_pipeline.py (the module's pipeline fixture,
                                   each stage reading the previous one's final/hf)
     grpo_tiny_optuna              tests/cli/test_cli_hydra.py (an Optuna search of 4 trials, in MLflow)
+    agent_sft_tiny/_lookup/_code  tests/agent/test_agent_recipes.py (the SFT stage a module fixture,
+                                  each GRPO stage a learning test)
 
 The test here (no Ray, about a second) finds the CPU recipes by composing every recipe and fails
 when one has no run in that table, or the named test no longer runs it. Another composes every
@@ -37,6 +39,9 @@ RUNS = {  # CPU recipe -> (test file, test function or fixture that runs it with
     "pipeline_rm": ("tests/pref/test_pref_pipeline.py", "pipeline"),
     "pipeline_ppo": ("tests/pref/test_pref_pipeline.py", "pipeline"),
     "grpo_tiny_optuna": ("tests/cli/test_cli_hydra.py", "optuna_sweep"),
+    "agent_sft_tiny": ("tests/agent/test_agent_recipes.py", "agent_dir"),
+    "agent_lookup_tiny": ("tests/agent/test_agent_recipes.py", "test_lookup_tool_recipe_learns"),
+    "agent_code_tiny": ("tests/agent/test_agent_recipes.py", "test_code_recipe_learns_from_sandboxed_tests"),
 }
 
 
