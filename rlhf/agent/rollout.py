@@ -28,6 +28,7 @@ import torch
 
 from rlhf.agent.loop import AgentLoop, Sampled
 from rlhf.agent.trajectory import Trajectory
+from rlhf.launch.cluster import Cluster
 from rlhf.rollout.engine import RequestBatcher, Sample, Sampling
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
@@ -144,7 +145,7 @@ class AgentRollout:
         prompt_ids = [trajs[i * n].token_ids[: trajs[i * n].prompt_len] for i in range(len(rows))]
         return samples, prompt_ids, step_metrics(trajs)
 
-    def score(self, rows: list[dict], samples: list[AgentSample], rewards: Any, cluster: Any,
+    def score(self, rows: list[dict], samples: list[AgentSample], rewards: Any, cluster: Cluster,
               prompt_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
         """The reward of each trajectory: the reward functions on its final answer (and the reward
         model on the whole sequence)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rlhf.launch.cluster import Cluster
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.spec.runspec import RunSpec
@@ -25,7 +26,7 @@ class EnvSample(Sample):
     turns: int = 0
 
 
-def env_rollout(spec: RunSpec, step: int, rows: list[dict], prompt_ids: list[list[int]], tokenizer, cluster: Any,
+def env_rollout(spec: RunSpec, step: int, rows: list[dict], prompt_ids: list[list[int]], tokenizer, cluster: Cluster,
                 first_turn: list[Sample]) -> tuple[list[EnvSample], torch.Tensor, dict, dict]:
     """(trajectories, episode rewards, reward parts, env metrics) of one step's prompts."""
     from rlhf.envs import load_env

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
+from rlhf.launch.cluster import Cluster
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import Launched, launch, sampling_for
 from rlhf.data.prompts import tokenize_prompts
@@ -54,7 +55,7 @@ class _Pending:
 
 
 class Prefetcher:
-    def __init__(self, spec: RunSpec, cluster: Any, data: Any, tokenizer):
+    def __init__(self, spec: RunSpec, cluster: Cluster, data: Any, tokenizer):
         self.spec, self.cluster, self.data, self.tokenizer = spec, cluster, data, tokenizer
         self.k = spec.algo.async_steps
         self.queue: deque[_Pending] = deque()

@@ -30,12 +30,14 @@ from rlhf.algos import objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
+from rlhf.launch.cluster import Cluster
 from rlhf.quoting import resume_command
 from rlhf.rewards import Rewards
 from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.spec.runspec import RunSpec
+from rlhf.track.tracker import Console, Tracker
 from rlhf.workers.schedule import make_schedule
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.frozen import ReferenceWorker
@@ -99,7 +101,7 @@ def lean_driver(spec: RunSpec):
         gc.unfreeze()
 
 
-def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -> dict[str, float]:
+def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run_dir: str) -> dict[str, float]:
     from rlhf.models import load_tokenizer, model_dir
 
     algo, B = spec.algo, spec.batch
@@ -270,7 +272,7 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
 # ----------------------------------------------------------------------------- generation + reward
 
 
-def sample_step(spec: RunSpec, step, data, tokenizer, cluster, rewards, ph, prefetch=None, agent=None):
+def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards, ph, prefetch=None, agent=None):
     """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups (``agent``: an
     ``rlhf.agent.rollout.AgentRollout`` rolls the prompts out as chats with tool calls).
 
@@ -462,8 +464,8 @@ def step_metrics(spec: RunSpec, samples: list[Sample], scores: torch.Tensor, par
     return m
 
 
-def maybe_checkpoint(spec: RunSpec, step: int, cluster: Any, data: Any, ckpt=None, kl_ctl=None, history=None,
-                     run_dir: Optional[str] = None, console=None, force: bool = False) -> None:
+def maybe_checkpoint(spec: RunSpec, step: int, cluster: Cluster, data: Any, ckpt=None, kl_ctl=None, history=None,
+                     run_dir: Optional[str] = None, console: Optional[Console] = None, force: bool = False) -> None:
     """Checkpoint hook: the full training state every ``checkpoint.every`` steps, at the end and
     when ``force`` (a stop on Ctrl-C / SIGTERM) (``rlhf.ckpt.training``), and the final HF export
     ``<run_dir>/final/hf`` at the end."""
