@@ -133,3 +133,27 @@ def test_metrics_are_masked_means():
 def test_jsd_needs_beta_strictly_inside():
     with pytest.raises(ValueError, match="0 < beta < 1"):
         divergence_weight(torch.zeros(1), torch.zeros(1), "jsd", 1.0)
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 0.9, 1.0])
+def test_gradient_matches_trl_gkd_generalized_jsd(beta, monkeypatch):
+    """Cross-check against TRL's GKDTrainer.generalized_jsd_loss (full-vocabulary logits, its
+    beta = 1 being reverse KL): its gradient w.r.t. the student's logits at each position equals the
+    expectation over the vocabulary of our sampled-token surrogate's (1e-10, float64)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    pytest.importorskip("trl")
+    try:
+        from trl.experimental.gkd import GKDTrainer
+    except ImportError:  # older TRL: the trainer at the top level
+        from trl import GKDTrainer
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(1, 4, 9, generator=g, dtype=D, requires_grad=True)
+    teacher = torch.randn(1, 4, 9, generator=g, dtype=D) * 1.5
+    trl_loss = GKDTrainer.generalized_jsd_loss(theta, teacher, beta=beta, reduction="sum")
+    (want,) = torch.autograd.grad(trl_loss, theta)
+
+    logs = torch.log_softmax(theta, -1)
+    w = divergence_weight(logs.detach(), torch.log_softmax(teacher, -1), "reverse_kl" if beta == 1.0 else "jsd",
+                          beta)
+    (got,) = torch.autograd.grad((logs.detach().exp() * w * logs).sum(), theta)
+    close(got, want)
