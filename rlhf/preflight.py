@@ -117,9 +117,14 @@ def resolve_models(spec: RunSpec, console: Optional[Console] = None) -> RunSpec:
     if spec.reward.model_path:
         found["reward"] = resolve_model(spec.reward.model_path, spec.model, revision=spec.reward.model_revision,
                                         what="reward.model_path", say=say)
+    if spec.algo.kind == "rl" and spec.algo.teacher.path:  # on-policy distillation's teacher
+        from rlhf.spec.shape import teacher_model
+
+        found["teacher"] = resolve_model(spec.algo.teacher.path, teacher_model(spec.model, spec.algo.teacher),
+                                         revision=spec.algo.teacher.revision, what="algo.teacher.path", say=say)
     for role, m in found.items():
         if m.repo and console is not None:
-            key = "model.path" if role == "model" else "reward.model_path"
+            key = {"model": "model.path", "teacher": "algo.teacher.path"}.get(role, "reward.model_path")
             console.print(f"{key}: {m.repo} at commit {m.commit[:12]} ({m.path})")
     if found["model"].repo and _shape_differs(spec, found["model"].path):
         # a Hub model fetched just now: the spec was planned with the model group's numbers, so

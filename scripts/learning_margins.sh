@@ -36,6 +36,7 @@ tests/pref/test_pref_pipeline.py::test_reward_model_ranks_held_out_pairs
 tests/pref/test_pref_pipeline.py::test_ppo_against_the_reward_model_raises_its_score_and_the_true_reward
 tests/pref/test_pref_pipeline.py::test_dpo_preference_accuracy
 tests/pref/test_pref_pipeline.py::test_preference_method_accuracy
+tests/rl/test_rl_distill.py::test_student_closes_most_of_the_held_out_gap_to_the_teacher
 tests/agent/test_agent_recipes.py::test_lookup_tool_recipe_learns
 tests/agent/test_agent_recipes.py::test_code_recipe_learns_from_sandboxed_tests"}
 

@@ -25,6 +25,7 @@ _EXPORTS = {
         "reinforce_pp_baseline_advantages",
         "rloo_advantages",
     ),
+    "distill": ("distill_metrics", "distill_token_rewards", "divergence_weight"),
     "filters": ("dynamic_sampling_filter",),
     "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty", "logprob_mismatch", "mismatch_sums"),
     "logprobs": ("logprobs_from_hidden",),

@@ -463,3 +463,8 @@ def masked_sum_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``sum_t x[b, t] * m[b, t]`` per row (masked positions ignored). Returns ``[B]``."""
     m = mask.to(x.dtype)
     return (torch.where(mask != 0, x, torch.zeros_like(x)) * m).sum(dim=1)
+
+
+# on-policy distillation's estimator lives with its math; importing it here attaches it to the
+# registry's home module (rlhf.algos.registry imports this module for the built-ins)
+from rlhf.algos import distill as _distill  # noqa: E402,F401

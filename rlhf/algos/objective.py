@@ -4,7 +4,7 @@ Two halves, called from two places:
 
 * ``advantages`` (the driver, ``rlhf.loops.rl``, once per step on the whole batch): reward
   shaping (DAPO's overlong penalty, batch normalisation and clipping of the scores), the KL
-  penalty in the reward, the registered advantage estimator (``algo.estimator``) and the
+  penalty in the reward, on-policy distillation's per-token rewards from the teacher, the registered advantage estimator (``algo.estimator``) and the
   whitening of its advantages;
 * ``policy_loss_terms`` (the policy worker, ``rlhf.workers.policy``, per micro-batch): the
   registered policy loss (``algo.policy_loss``), minus the entropy bonus, plus the KL loss,
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import torch
 
 from rlhf.algos.advantages import compute_advantages, masked_mean, masked_whiten
+from rlhf.algos.distill import distill_metrics, distill_token_rewards
 from rlhf.algos.kl import kl_penalty
 from rlhf.algos.losses import PolicyLossInputs, micro_batch_loss
 from rlhf.algos.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, load_plugins
@@ -32,7 +33,7 @@ from rlhf.algos.shaping import normalize_scores, overlong_penalty
 if TYPE_CHECKING:
     from rlhf.spec.schema import RLAlgo
 
-__all__ = ["Advantages", "PolicyLossTerms", "advantages", "kl_in_reward", "overlong_buffer", "policy_loss_terms",
+__all__ = ["Advantages", "PolicyLossTerms", "advantages", "distill_rewards", "kl_in_reward", "overlong_buffer", "policy_loss_terms",
            "shape_scores", "whiten"]
 
 
@@ -83,6 +84,15 @@ def kl_in_reward(algo: RLAlgo, policy_logp: torch.Tensor, ref_logp: torch.Tensor
     return None, metrics
 
 
+def distill_rewards(algo: RLAlgo, student_logp: torch.Tensor, teacher_logp: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """On-policy distillation's per-token rewards (``algo.teacher``: divergence, beta, coef, clamp;
+    ``rlhf.algos.distill``) and its metrics (``distill/reverse_kl``, ...)."""
+    t = algo.teacher
+    r = distill_token_rewards(student_logp, teacher_logp, mask, t.divergence, t.beta, t.coef, t.clamp)
+    return r, distill_metrics(student_logp, teacher_logp, mask)
+
+
 def whiten(algo: RLAlgo, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The one place that decides whether advantages are whitened over the batch: the
     estimator's ``whiten`` (GAE, as PPO does; returns stay unwhitened for the critic), unless
@@ -95,16 +105,23 @@ def whiten(algo: RLAlgo, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def advantages(algo: RLAlgo, *, scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
                max_response_tokens: int, values: Optional[torch.Tensor] = None,
                policy_logp: Optional[torch.Tensor] = None, ref_logp: Optional[torch.Tensor] = None,
-               kl_coef: float = 0.0) -> Advantages:
+               kl_coef: float = 0.0, teacher_logp: Optional[torch.Tensor] = None,
+               student_logp: Optional[torch.Tensor] = None) -> Advantages:
     """A step's advantages (and returns) from its scores ``[B]``: shaped scores, KL in the reward
-    when ``ref_logp`` is given, the estimator, whitening. ``policy_logp`` are the log-probs the KL
-    is measured at (the old policy's, or the rollout engine's when there is no old pass)."""
+    when ``ref_logp`` is given, on-policy distillation's per-token rewards when ``teacher_logp`` is
+    (``rlhf.algos.distill``, measured at ``student_logp``), the estimator, whitening. ``policy_logp``
+    and ``student_logp`` are the sampled tokens' log-probs under the policy that sampled them (the
+    old policy's, or the rollout engine's when there is no old pass)."""
     load_plugins(algo.plugins)
     scores, metrics = shape_scores(algo, scores, mask, truncated, max_response_tokens)
     token_rewards = None
     if ref_logp is not None:
         token_rewards, kl_metrics = kl_in_reward(algo, policy_logp, ref_logp, mask, kl_coef)
         metrics.update(kl_metrics)
+    if teacher_logp is not None:
+        distill, distill_stats = distill_rewards(algo, student_logp, teacher_logp, mask)
+        token_rewards = distill if token_rewards is None else token_rewards + distill
+        metrics.update(distill_stats)
     adv, ret = compute_advantages(
         algo.estimator, mask=mask, scores=scores, token_rewards=token_rewards, values=values,
         group_size=algo.group_size, gamma=algo.gamma, lam=algo.lam, normalize_std=algo.normalize_std)

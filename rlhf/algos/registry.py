@@ -37,6 +37,7 @@ __all__ = [
     "POLICY_LOSSES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "DISTILL_DIVERGENCES",
     "PREFERENCE_LOSSES",
     "REFERENCE_FREE_LOSSES",
     "register_advantage_estimator",
@@ -142,6 +143,7 @@ ADVANTAGE_ESTIMATORS: Registry[EstimatorInfo] = Registry(
         "rloo": EstimatorInfo(grouped=True),
         "reinforce_pp": EstimatorInfo(),
         "reinforce_pp_baseline": EstimatorInfo(grouped=True),
+        "distill": EstimatorInfo(),  # on-policy distillation (rlhf.algos.distill, attached via advantages)
     }, EstimatorInfo)
 
 POLICY_LOSSES: Registry[PartInfo] = Registry(
@@ -155,6 +157,10 @@ KL_ESTIMATORS: Registry[PartInfo] = Registry(
 # those that need no reference model; fixed, not a registry
 PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "kto", "orpo", "simpo")
 REFERENCE_FREE_LOSSES = ("orpo", "simpo")
+
+# on-policy distillation's per-token divergences from the teacher (algo.teacher.divergence;
+# rlhf.algos.distill); fixed, not a registry
+DISTILL_DIVERGENCES = ("reverse_kl", "jsd")
 
 # how per-token losses reduce to one number (rlhf.algos.losses.aggregate); fixed, not a registry
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")

@@ -42,6 +42,7 @@ ROLE_CLASSES = {
     "actor": ("rlhf.workers.policy", "PolicyWorker"),
     "critic": ("rlhf.workers.critic", "CriticWorker"),
     "reference": ("rlhf.workers.frozen", "ReferenceWorker"),
+    "teacher": ("rlhf.workers.frozen", "TeacherWorker"),
     "reward": ("rlhf.workers.frozen", "RewardModelWorker"),
     "rollout": ("rlhf.workers.rollout", "RolloutWorker"),
 }
@@ -73,6 +74,10 @@ class Cluster:
     @property
     def reference(self) -> Optional[ActorGroup]:
         return self.groups.get("reference")
+
+    @property
+    def teacher(self) -> Optional[ActorGroup]:
+        return self.groups.get("teacher")
 
     @property
     def reward_model(self) -> Optional[ActorGroup]:

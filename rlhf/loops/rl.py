@@ -40,7 +40,7 @@ from rlhf.spec.runspec import RunSpec
 from rlhf.track.tracker import Console, Tracker
 from rlhf.workers.schedule import make_schedule
 from rlhf.workers.critic import CriticWorker
-from rlhf.workers.frozen import ReferenceWorker
+from rlhf.workers.frozen import ReferenceWorker, TeacherWorker
 from rlhf.workers.policy import PolicyWorker
 
 
@@ -191,6 +191,9 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
                 if use_ref:
                     with ph("reference"):
                         batch["ref_logp"] = dp_forward(*reference, batch)
+                if cluster.teacher is not None:  # on-policy distillation: the teacher scores the samples
+                    with ph("teacher"):
+                        batch["teacher_logp"] = dp_forward(cluster.teacher, TeacherWorker.logprobs, batch)
                 if need_old_logp:
                     with ph("old_logp"):
                         batch["old_logp"] = dp_forward(cluster.actor, PolicyWorker.logprobs, batch)
@@ -422,11 +425,13 @@ def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl
     """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
     mask = batch["response_mask"]
     ref = "ref_logp" in batch
+    student_logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
     adv = objective.advantages(
         spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
         max_response_tokens=spec.rollout.max_response_tokens, values=values,
-        policy_logp=(batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]) if ref else None,
-        ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value)
+        policy_logp=student_logp if ref else None,
+        ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value,
+        teacher_logp=batch.get("teacher_logp"), student_logp=student_logp)
     batch["advantages"] = adv.advantages
     if adv.returns is not None:
         batch["returns"] = adv.returns

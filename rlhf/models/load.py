@@ -68,23 +68,32 @@ def resolve_model(path: str, model_spec: Optional[ModelSpec] = None, *, revision
 
 
 def _rev_key(what: str) -> str:
-    return "reward.model_revision" if what == "reward.model_path" else "model.revision"
+    return {"reward.model_path": "reward.model_revision", "algo.teacher.path": "algo.teacher.revision"}.get(
+        what, "model.revision")
 
 
 def model_dir(spec: RunSpec, role: str = "model") -> str:
-    """The local checkpoint dir of ``model.path`` (role "model") or ``reward.model_path`` ("reward")
+    """The local checkpoint dir of ``model.path`` (role "model"), ``reward.model_path`` ("reward") or
+    ``algo.teacher.path`` ("teacher")
     in this process: the one the driver's preflight resolved (``spec.models``) when this node has
     it; a Hub snapshot this node lacks is fetched here at the driver's commit (once per node: the
     HF cache locks each file); a spec that was not preflighted resolves here."""
-    path, revision, what = ((spec.model.path, getattr(spec.model, "revision", None), "model.path") if role == "model"
-                            else (spec.reward.model_path, getattr(spec.reward, "model_revision", None),
-                                  "reward.model_path"))
+    if role == "teacher":  # on-policy distillation's teacher (algo.teacher.path)
+        from rlhf.spec.shape import teacher_model
+
+        t = spec.algo.teacher
+        path, revision, what, shape = t.path, t.revision, "algo.teacher.path", teacher_model(spec.model, t)
+    else:
+        path, revision, what = ((spec.model.path, getattr(spec.model, "revision", None), "model.path")
+                                if role == "model" else (spec.reward.model_path, getattr(spec.reward, "model_revision", None),
+                                                         "reward.model_path"))
+        shape = spec.model
     done = (getattr(spec, "models", None) or {}).get(role)
     if done is not None and Path(done.path).is_dir():
         return done.path
     if done is not None and done.repo:
-        return resolve_model_path(done.repo, spec.model, revision=done.commit, what=what)
-    return resolve_model_path(path, spec.model, revision=revision, what=what)
+        return resolve_model_path(done.repo, shape, revision=done.commit, what=what)
+    return resolve_model_path(path, shape, revision=revision, what=what)
 
 
 # weight files transformers loads, one file or an index of shards (safetensors first)

@@ -150,7 +150,7 @@ def problems(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
     pools = placements.get(pl.mode).pools(roles)
     total = hw.nodes * hw.devices_per_node
     if len(pools) == 1:
-        for r in ("actor", "critic", "reference", "reward"):
+        for r in ("actor", "critic", "reference", "teacher", "reward"):
             if getattr(pl, r):
                 p.append(
                     f"placement.{r}={getattr(pl, r)} only applies to placement=disaggregated: in {pl.mode} "
@@ -217,7 +217,7 @@ def _pool_problems(p: list[str], s: dict[str, Any], roles: tuple[str, ...], pool
         )
     elif tp > 1 and need <= total and "rollout" in counts:
         _engines_within_nodes(p, hw, counts, tp)
-    for r in ("critic", "reference", "reward"):
+    for r in ("critic", "reference", "teacher", "reward"):
         if r not in roles and getattr(pl, r):
             p.append(
                 f"placement.{r}={getattr(pl, r)} gives devices to a role this run does not have "

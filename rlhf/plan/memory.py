@@ -85,7 +85,7 @@ ZERO3_PREFETCH_BUCKET = 50_000_000
 # large buffers, so the caching allocator reserves them on top of the backward's peak.
 STEP_BYTES_FP32 = 4
 # The training figures (hybrid's training phase, or a training role's GPU).
-TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "reward")
+TRAINING_FIGURES = ("training phase", "actor", "critic", "reference", "teacher", "reward")
 
 
 def training_figure(name: str) -> bool:
@@ -338,6 +338,11 @@ def estimate(spec: RunSpec) -> Estimate:
         if has_reference else {}
     reward = {"reward model weights": frozen_model_gb(p_value, lay.world_size("reward"), z, m.dtype)} \
         if "reward" in spec.roles else {}
+    # on-policy distillation's teacher: its own shape (rlhf.spec.shape.teacher_model), frozen like the reference
+    tm = teacher_of(spec)
+    teacher = {"teacher weights": frozen_model_gb(param_count(tm), lay.world_size("teacher"), z, m.dtype)} \
+        if tm is not None else {}
+    teacher_out = teacher_offloaded(spec)  # hybrid GPU: in host memory while the engines generate
     rollout = "rollout" in spec.roles
     engine = engines.kind(spec) if rollout else None
 
@@ -347,12 +352,14 @@ def estimate(spec: RunSpec) -> Estimate:
         # updates run at the same time, and each process keeps its cached blocks until the
         # phase ends (the reference's forward pass too), so all of them add up.
         frozen_work = {"reference pass": forward_pass_gb(m, tokens, chunk)} if has_reference and cuda else {}
+        if teacher and cuda:
+            frozen_work["teacher pass"] = forward_pass_gb(tm, tokens, chunk)
         # the reward model scores right after generation, vLLM awake, and its process keeps the
         # blocks until the next release before vLLM wakes: it counts in both phases
         reward_work = {"reward model pass": forward_pass_gb(m, tokens, chunk, lm_head=False)} if reward and cuda else {}
         frozen_work.update(reward_work)
-        train_phase = {**actor, **critic, **reference, **reward, **actor_work, **critic_work, **frozen_work,
-                       **runtime}
+        train_phase = {**actor, **critic, **reference, **teacher, **reward, **actor_work, **critic_work,
+                       **frozen_work, **runtime}
         if spec.algo.kind == "dpo" and reference:
             # DPO's reference scores every pair once before the first update and is then released
             # (rlhf.loops.dpo): beside the actor's states, either it or the update's working set
@@ -375,6 +382,8 @@ def estimate(spec: RunSpec) -> Estimate:
                     gen["frozen weights (resident)"] = kept
             else:
                 gen["training state (resident)"] = sum({**actor, **critic, **reference, **reward}.values())
+            if teacher and not teacher_out:  # the teacher's weights stay unless algo.teacher.offload
+                gen["teacher weights (resident)"] = teacher["teacher weights"]
             gen.update(reward_work)
             gen.update(runtime)
             est.figures["generation phase"] = gen
@@ -385,6 +394,8 @@ def estimate(spec: RunSpec) -> Estimate:
             est.figures["critic"] = {**critic, **critic_work, **runtime}
         if reference:
             est.figures["reference"] = {**reference, "reference pass": forward_pass_gb(m, tokens, chunk), **runtime}
+        if teacher:
+            est.figures["teacher"] = {**teacher, "teacher pass": forward_pass_gb(tm, tokens, chunk), **runtime}
         if reward:
             est.figures["reward"] = {**reward, "reward model pass": forward_pass_gb(m, tokens, chunk, lm_head=False),
                                      **runtime}
@@ -402,6 +413,22 @@ def estimate(spec: RunSpec) -> Estimate:
         if hw.host_memory_gb > 0:
             est.host = host_gb(spec)
     return est
+
+
+def teacher_of(spec: RunSpec) -> ModelSpec | None:
+    """On-policy distillation's teacher as a ``ModelSpec`` (its architecture numbers), None without one."""
+    if "teacher" not in spec.roles:
+        return None
+    from rlhf.spec.shape import teacher_model
+
+    return teacher_model(spec.model, spec.algo.teacher)
+
+
+def teacher_offloaded(spec: RunSpec) -> bool:
+    """The teacher's weights wait in host memory while the engines generate (``algo.teacher.offload``):
+    hybrid placement on GPU, the teacher not ZeRO-3-partitioned (``rlhf.workers.frozen.TeacherWorker``)."""
+    return ("teacher" in spec.roles and spec.algo.teacher.offload and spec.hardware.accelerator == "cuda"
+            and spec.layout.rollout_beside_training and spec.train.zero_stage != 3)
 
 
 def no_slack(spec: RunSpec) -> tuple[str, ...]:
@@ -452,7 +479,9 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
     p_policy, p_value = param_count(m), param_count(m, with_lm_head=False)
     p_lora = lora_param_count(m)
     trained = {"actor": p_lora or p_policy, "critic": p_value}
-    full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value}
+    tm = teacher_of(spec)
+    full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value,
+            "teacher": param_count(tm) if tm is not None else 0}
     shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
     best: dict[str, float] = {}
     for node in range(nodes):
@@ -483,6 +512,9 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
             if here:
                 runtime += engines.kind(spec).host_gb(spec, here, HOST_PROCESS_GB)
         parts = {"runtime": runtime, "model loading": load / GB}
+        ranks = _per_node(lay.roles.get("teacher", ()), per_node).get(node, 0)
+        if ranks and teacher_offloaded(spec):  # the teacher's weights while the engines generate
+            parts["teacher (offloaded)"] = b * full["teacher"] * ranks / GB
         if offloaded:
             parts["optimizer (offloaded)"] = offloaded / GB
         if states:
@@ -524,6 +556,9 @@ def min_gpus(spec: RunSpec, est: Estimate, name: str, offload_optimizer: bool | 
         sharded += b * p_policy
     if (hybrid and "reward" in spec.roles) or "reward" in pool:
         sharded += b * p_value
+    tm = teacher_of(spec)
+    if tm is not None and (hybrid or "teacher" in pool):
+        sharded += b * param_count(tm)
     # the unsharded parts are the current stage's (at ZeRO-2 the whole head's log-prob pass and
     # ZeRO-2's buffers, where ZeRO-3 would have its own): "about", as the docstring says
     fixed = sum(v for k, v in parts.items()

@@ -11,7 +11,7 @@ from typing import Iterator
 from rlhf.spec.runspec import RunSpec
 
 # the disaggregated figure of each phase that runs on a training role (generation: "rollout")
-ROLE_OF_PHASE = {"reference": "reference", "critic": "critic", "reward": "reward"}
+ROLE_OF_PHASE = {"reference": "reference", "teacher": "teacher", "critic": "critic", "reward": "reward"}
 
 
 def causes(e: BaseException) -> Iterator[BaseException]:

@@ -229,6 +229,17 @@ def render_plan(spec: RunSpec) -> str:
     read = shape_line(spec)
     if read:
         lines.append(read)
+    if "teacher" in spec.roles:  # on-policy distillation: the teacher, where it is and how it stays
+        from rlhf.plan.memory import teacher_of, teacher_offloaded
+
+        tm, tt = teacher_of(spec), spec.algo.teacher
+        n = param_count(tm)
+        where = ("offloaded to host memory while the engines generate" if teacher_offloaded(spec)
+                 else "resident" if spec.layout.one_pool else f"own devices {list(spec.layout.roles['teacher'])}")
+        div = f"jsd β={tt.beta:g}" if tt.divergence == "jsd" else tt.divergence
+        lines.append(f"teacher: {tt.path} · {n / 1e9:.2f} B parameters · {tm.dtype} · {div} × {tt.coef:g} · {where}"
+                     if n >= 1e8 else f"teacher: {tt.path} · {n / 1e6:.2f} M parameters · {tm.dtype} · {div} × "
+                     f"{tt.coef:g} · {where}")
     t = spec.train.max_tokens_per_micro_batch
     # sft/rm/dpo: what their micro-batch holds (rlhf.spec.tokens), as the build decided it
     knob = "train.max_tokens_per_micro_batch" if a.kind == "rl" else next(

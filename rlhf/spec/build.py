@@ -173,6 +173,8 @@ def needed_roles(algo: S.AlgoSpec, reward: S.RewardSpec, lora_rank: int = 0) -> 
             roles.append("critic")
         if algo.kl.coef > 0 and lora_rank == 0:  # with LoRA the actor, adapters off, is the reference
             roles.append("reference")
+        if algo.teacher.path:  # on-policy distillation (algo=opd)
+            roles.append("teacher")
         if reward.model_path:
             roles.append("reward")
         roles.append("rollout")

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from rlhf.spec import schema as S
 from rlhf.placement.layout import Layout
 
-ROLES = ("actor", "critic", "reference", "reward", "rollout")
+ROLES = ("actor", "critic", "reference", "teacher", "reward", "rollout")
 
 
 @dataclass

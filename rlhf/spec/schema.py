@@ -104,6 +104,37 @@ class CriticSpec(Frozen):
 
 
 @dataclass
+class TeacherSpec(Frozen):
+    """On-policy distillation's teacher (algo=opd, Agarwal et al. 2024; Thinking Machines 2025): a
+    frozen causal LM whose per-token divergence from the student on the student's own samples is
+    the student's negative advantage (rlhf.algos.distill). Placed like the reference model."""
+
+    path: Optional[str] = doc(None, "The teacher: a local HF checkpoint dir, a Hub id or builtin:<name>; None = "
+                              "no teacher. It must use the student's tokenizer (the same token ids).")
+    revision: Optional[str] = doc(None, "teacher.path's branch, tag or commit when it is a Hub id.")
+    divergence: str = doc("reverse_kl", "reverse_kl: advantage -(log pi_student - log pi_teacher) of each "
+                          "sampled token (Thinking Machines / Qwen3); jsd: GKD's generalised Jensen-Shannon "
+                          "divergence with teacher.beta, advantage -(1-beta)(log pi_student - log M), "
+                          "M = beta pi_teacher + (1-beta) pi_student (rlhf.algos.distill).")
+    beta: float = doc(0.5, "jsd: GKD's beta, strictly between 0 and 1 (towards 1 it approaches reverse KL, "
+                      "scaled by 1 - beta; towards 0 forward KL, scaled by beta).")
+    coef: float = doc(1.0, "Weight of the divergence in the advantage (the per-token reward is -coef times it).")
+    clamp: Optional[float] = doc(None, "Bound each token's divergence term to [-clamp, clamp]; None = unbounded "
+                                 "(the exact per-token objective).")
+    offload: bool = doc(False, "hybrid placement on GPU: the teacher's weights wait in host memory while the "
+                        "rollout engines generate and come back for its pass (less GPU memory in the "
+                        "generation phase, a copy each way per step); false: they stay resident.")
+    n_layers: Optional[int] = doc(None, "The teacher's decoder layers (memory planning); None = its config.json's "
+                                  "when the driver can read it, else the student's (model.n_layers).")
+    hidden: Optional[int] = doc(None, "The teacher's hidden size (memory planning); None as for n_layers.")
+    intermediate: Optional[int] = doc(None, "The teacher's MLP size (memory planning); None as for n_layers.")
+    n_heads: Optional[int] = doc(None, "The teacher's attention heads (memory planning); None as for n_layers.")
+    n_kv_heads: Optional[int] = doc(None, "The teacher's key/value heads (memory planning); None as for n_layers.")
+    vocab: Optional[int] = doc(None, "The teacher's vocabulary (memory planning); None as for n_layers.")
+    tie_embeddings: Optional[bool] = doc(None, "The teacher's head shares its embedding; None as for n_layers.")
+
+
+@dataclass
 class RLAlgo(Frozen):
     """PPO, GRPO, Dr.GRPO, RLOO, REINFORCE++ and REINFORCE++-baseline."""
 
@@ -150,6 +181,7 @@ class RLAlgo(Frozen):
                            "faster, slightly off-policy; 0 = synchronous.")
     entropy_coef: float = doc(0.0, "Weight of an entropy bonus in the loss; > 0 encourages exploration.")
     kl: KLSpec = docf(KLSpec, "The KL penalty against the reference policy.")
+    teacher: TeacherSpec = docf(TeacherSpec, "On-policy distillation's teacher (algo=opd; estimator distill).")
     critic: Optional[CriticSpec] = doc(None, "The value model (needed by gae); None for critic-free estimators.")
     lr: float = doc(1e-6, "The policy's peak learning rate (AdamW).")
     weight_decay: float = _weight_decay()
@@ -329,6 +361,7 @@ class PlacementSpec(Frozen):
     critic: int = doc(0, "disaggregated: devices of the critic (0 = not used).")
     reference: int = doc(0, "disaggregated: devices of the reference model (0 = not used).")
     reward: int = doc(0, "disaggregated: devices of the reward model (0 = not used).")
+    teacher: int = doc(0, "disaggregated: devices of the distillation teacher (0 = automatic when there is one).")
     rollout: RolloutPlacement = docf(RolloutPlacement, "The generation engines.")
     sleep_rollout: bool = doc(True, "hybrid: vLLM releases its weights and KV cache while training runs.")
     offload_train_state: Any = doc("auto", "hybrid: DeepSpeed's states leave the GPU while vLLM generates: "

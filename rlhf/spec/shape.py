@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlhf.spec.runspec import Decision, RunSpec
-from rlhf.spec.schema import ModelSpec
+from rlhf.spec.schema import ModelSpec, TeacherSpec
 
 # model.* field -> the config.json keys that hold it, in the order tried (Llama/Qwen/Mistral
 # names first, then GPT-2 / OPT style ones)
@@ -138,3 +138,22 @@ def shape_line(spec: RunSpec) -> Optional[str]:
 def shape_of(model: ModelSpec) -> dict[str, Any]:
     """The spec's architecture numbers, to compare with a checkpoint's ``read_shape``."""
     return {k: getattr(model, k) for k in FIELDS}
+
+
+def teacher_model(model: ModelSpec, teacher: TeacherSpec) -> ModelSpec:
+    """On-policy distillation's teacher as a ``ModelSpec`` (the plan's memory, ``builtin:`` teachers):
+    the student's section with ``teacher.path`` and the teacher's numbers, each ``teacher.<field>``
+    when set, else its checkpoint's config.json's when the driver can read it, else the student's.
+    No LoRA: the teacher is frozen whole."""
+    import dataclasses
+
+    from rlhf.spec.schema import LoraSpec
+
+    f = config_file(teacher.path, teacher.revision) if teacher.path else None
+    read = (checkpoint_shape(f) if f is not None else None) or {}
+    numbers = {k: getattr(teacher, k) if getattr(teacher, k) is not None else read.get(k, getattr(model, k))
+               for k in FIELDS}
+    fields = {fl.name: getattr(model, fl.name) for fl in dataclasses.fields(model)}
+    fields.update(numbers, name="teacher", path=teacher.path or model.path, revision=teacher.revision,
+                  lora=LoraSpec(), gradient_checkpointing=False)
+    return ModelSpec(**fields)

@@ -1,5 +1,6 @@
-"""Forward-only roles: the reference policy (log-probs for the KL term) and a reward model (one
-score per sample), ZeRO-3 sharded when the run is."""
+"""Forward-only roles: the reference policy (log-probs for the KL term), on-policy distillation's
+teacher (log-probs of the student's samples) and a reward model (one score per sample), ZeRO-3
+sharded when the run is."""
 
 from __future__ import annotations
 
@@ -36,6 +37,42 @@ class ReferenceWorker(ModelWorker):
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         return self._packed_logprobs(getattr(self.module, "module", self.module), batch)
+
+
+class TeacherWorker(ReferenceWorker):
+    """On-policy distillation's teacher (``algo.teacher.path``, any causal LM with the student's
+    tokenizer): the log-probs of the student's sampled tokens, at the rollout temperature as the
+    student's own (``rlhf.algos.distill``). With ``algo.teacher.offload`` (hybrid placement on GPU)
+    its weights wait in host memory while the engines generate (``rlhf.workers.schedule``)."""
+
+    def model_path(self) -> str:
+        from rlhf.models import model_dir
+
+        return model_dir(self.spec, "teacher")
+
+    def offload(self) -> dict[str, float]:
+        """The weights to host memory (pinned, for a fast copy back); a no-op on CPU and under ZeRO-3,
+        whose partitions are small and owned by DeepSpeed (the plan counts them resident)."""
+        if self.device != "cuda" or self.spec.train.zero_stage == 3:
+            return {}
+        import time
+
+        t = time.perf_counter()
+        self.module.to("cpu")
+        for p in self.module.parameters():
+            p.data = p.data.pin_memory()
+        torch.cuda.empty_cache()
+        return {"time/teacher_offload": time.perf_counter() - t}
+
+    def reload(self) -> dict[str, float]:
+        """The weights back on the device for the teacher's pass."""
+        if self.device != "cuda" or self.spec.train.zero_stage == 3:
+            return {}
+        import time
+
+        t = time.perf_counter()
+        self.module.to(self.torch_device())
+        return {"time/teacher_reload": time.perf_counter() - t}
 
 
 class RewardModelWorker(ReferenceWorker):

@@ -5,7 +5,7 @@ One step::
 
     generate                  vLLM awake; the trained models' DeepSpeed states in host memory
     schedule.to_train()       vLLM sleeps; the DeepSpeed states come back
-    passes, update            reference / old log-probs, values, optimizer steps
+    passes, update            reference / teacher / old log-probs, values, optimizer steps
     schedule.to_generate()    caches freed, vLLM's weights wake, the weights are sent, the
                               DeepSpeed states leave, vLLM's KV cache wakes
 
@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from rlhf.launch.cluster import Cluster
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
+from rlhf.workers.frozen import TeacherWorker
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.sync import make_transport
@@ -42,12 +43,16 @@ class Schedule:
         self.rollout = cluster.rollout
         # every trained role's states move (actor, critic); frozen models stay (bf16 weights only)
         self.trained = [g for g in (cluster.actor, cluster.critic) if g is not None]
-        self.frozen = [g for g in (cluster.reference, cluster.reward_model) if g is not None]
+        self.frozen = [g for g in (cluster.reference, cluster.teacher, cluster.reward_model) if g is not None]
+        # on-policy distillation's teacher may wait in host memory while the engines generate
+        self.teacher = cluster.teacher if hybrid and cluster.teacher is not None and spec.algo.teacher.offload else None
         self.free_caches = hybrid
         self.sleep = hybrid and spec.placement.sleep_rollout
         self.offload = hybrid and spec.placement.offload_train_state
         if self.offload:  # generation comes first: DeepSpeed's states leave the device until the update
             _on_groups(self.trained, TrainedWorker.offload_train_states)
+        if self.teacher is not None:
+            _on_groups([self.teacher], TeacherWorker.offload)
 
     def to_train(self) -> dict[str, float]:
         """After generation: vLLM sleeps, the trained models' states come back to the device."""
@@ -56,6 +61,8 @@ class Schedule:
             out.update(combine_ranks(self.rollout.call(RolloutWorker.engine_sleep, SLEEP_LEVEL)))
         if self.offload:
             out.update(_on_groups(self.trained, TrainedWorker.reload_train_states))
+        if self.teacher is not None:
+            out.update(_on_groups([self.teacher], TeacherWorker.reload))
         return out
 
     def to_generate(self) -> dict[str, float]:
@@ -63,6 +70,8 @@ class Schedule:
         out: dict[str, float] = {}
         if self.free_caches:  # the passes' cached activations go back to the device before vLLM wakes
             out.update(_on_groups(self.trained + self.frozen, PolicyWorker.release_cuda_cache))
+        if self.teacher is not None:  # before vLLM wakes
+            out.update(_on_groups([self.teacher], TeacherWorker.offload))
         if self.sleep:
             out["time/wake_weights"] = max(self.rollout.call(RolloutWorker.engine_wake, ["weights"]))
         out.update(self.weights.send())

@@ -64,7 +64,7 @@ def run(monkeypatch):
                   layout=_layout(mode),
                   placement=NS(sleep_rollout=sleep, offload_train_state=offload))
         cluster = NS(actor=group("actor"), critic=group("critic") if critic else None, reference=group("reference"),
-                     reward_model=None, rollout=group("rollout"))
+                     teacher=None, reward_model=None, rollout=group("rollout"))
         schedule = make_schedule(spec, cluster)
         start = [c for c in log if c]
         log.clear()

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from rlhf.algos.registry import (
     ADVANTAGE_ESTIMATORS,
+    DISTILL_DIVERGENCES,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
@@ -96,6 +97,7 @@ def rl_problems(s: Sections, roles: tuple[str, ...]) -> list[str]:
     if algo.dual_clip is not None and algo.dual_clip <= 1:
         p.append(f"algo.dual_clip={algo.dual_clip} must be > 1 (3.0 is usual), or null to turn it off.")
     p.extend(_policy_loss_problems(algo))
+    p.extend(_teacher_problems(s))
     p.extend(_async_problems(s, roles))
     if algo.tis_cap is not None and algo.tis_cap <= 0:
         p.append(f"algo.tis_cap={algo.tis_cap} must be > 0 (2.0 is usual), or null to turn it off.")
@@ -110,6 +112,39 @@ def rl_problems(s: Sections, roles: tuple[str, ...]) -> list[str]:
             f"algo.overlong_buffer={algo.overlong_buffer} must be in (0, rollout.max_response_tokens="
             f"{rollout.max_response_tokens}]."
         )
+    return p
+
+
+def _teacher_problems(s: Sections) -> list[str]:
+    """On-policy distillation: the distill estimator and a teacher go together; the divergence and
+    its settings; a teacher whose vocabulary (its config.json's, or algo.teacher.vocab) is not the
+    student's cannot score the student's token ids."""
+    algo, p = s["algo"], []
+    t = algo.teacher
+    if algo.estimator == "distill" and not t.path:
+        p.append("algo.estimator=distill needs a teacher: set algo.teacher.path=<checkpoint dir or Hub id> "
+                 "(a causal LM with the student's tokenizer).")
+    if t.path and algo.estimator != "distill":
+        p.append(f"algo.teacher.path is set but algo.estimator={algo.estimator} does not use it: on-policy "
+                 "distillation needs algo.estimator=distill (algo=opd), or drop algo.teacher.path.")
+    if not t.path:
+        return p
+    choice(p, "algo.teacher.divergence", t.divergence, DISTILL_DIVERGENCES)
+    if t.divergence == "jsd" and not 0 < t.beta < 1:
+        p.append(f"algo.teacher.beta={t.beta} must lie strictly between 0 and 1 for divergence=jsd "
+                 "(0.5 is GKD's usual; for reverse KL use algo.teacher.divergence=reverse_kl).")
+    if t.coef <= 0:
+        p.append(f"algo.teacher.coef={t.coef} must be > 0 (1.0: the divergence itself).")
+    if t.clamp is not None and t.clamp <= 0:
+        p.append(f"algo.teacher.clamp={t.clamp} must be > 0, or null for no bound.")
+    from rlhf.spec.shape import teacher_model
+
+    m = s["model"]
+    vocab = teacher_model(m, t).vocab
+    if vocab != m.vocab:
+        p.append(f"algo.teacher.path={t.path} has a vocabulary of {vocab} tokens, the student (model={m.name}) "
+                 f"{m.vocab}: the teacher must score the student's token ids. Use a teacher with the student's "
+                 "tokenizer.")
     return p
 
 
