@@ -417,7 +417,9 @@ def test_compute_advantages_all_estimators():
             close(adv, ref_whiten(ref_returns(full, ml, 0.98), ml))
         elif est == "reinforce_pp_baseline":
             close(adv, reinforce_pp_baseline_advantages(s, kl_r, m, n, 0.98))
-    assert seen == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}
+        elif est == "distill":  # the per-token rewards as they are, the scores unused
+            close(adv, [[kl_r[b, t].item() if ml[b][t] != 0 else 0.0 for t in range(T)] for b in range(B)])
+    assert seen == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "distill"}
     # normalize_std=False turns grpo into dr_grpo
     a1, _ = compute_advantages("grpo", scores=s, mask=m, group_size=n, normalize_std=False)
     a2, _ = compute_advantages("dr_grpo", scores=s, mask=m, group_size=n)
