@@ -50,7 +50,9 @@ for v in $VARIANTS; do
   IFS=: read -r cap threads seed <<< "$v"
   echo "== $(date +%T) ATEN_CPU_CAPABILITY=$cap threads=$threads seed=$seed"
   # shellcheck disable=SC2086
-  ATEN_CPU_CAPABILITY=$cap RLHF_CPU_THREADS=$threads OMP_NUM_THREADS=$threads RLHF_TEST_SEED=$seed \
+  # OMP_WAIT_POLICY=PASSIVE: with 2 threads per worker several workers share 2 cores, and spinning
+  # OpenMP threads slowed those runs 3-5x; the arithmetic (threads, partitioning) is the same
+  ATEN_CPU_CAPABILITY=$cap RLHF_CPU_THREADS=$threads OMP_NUM_THREADS=$threads RLHF_TEST_SEED=$seed OMP_WAIT_POLICY=PASSIVE \
     RLHF_MARGINS_OUT=$OUT "$PY" -m pytest -q -n "${WORKERS:-2}" --dist loadgroup --no-loadscope-reorder \
     -p no:cacheprovider $TESTS | grep -E "passed|failed|error" | tail -1
 done

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from tests.helpers import fifth_means, record_learning, run_rl
 
-STEPS = 20
+STEPS = 60  # 20 gained 0.065 on one seed and kernel path (docs/learning-margins.md); 60 leave a margin
 
 
 def test_async_one_step_learns_and_overlaps(rl_env, tmp_path):
-    # algo.lr=5e-3: faster than the tiny model's default, so that 20 steps show learning
+    # algo.lr=5e-3: faster than the tiny model's default, so that 60 steps show learning
     code, rows = run_rl(["algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1",
                          "algo.lr=5e-3", f"train.steps={STEPS}", "algo.async_steps=1", "algo.tis_cap=2.0"],
                         tmp_path / "async")
