@@ -31,7 +31,7 @@ from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.quoting import resume_command
-from rlhf.rewards import Rewards
+from rlhf.rewards import RewardError, Rewards
 from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
@@ -162,10 +162,15 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
             for step in range(start, spec.train.steps):
                 ph = Phases(spec, step)
                 t_step = time.perf_counter()
+                data_before = data.state_dict()  # a reward function's failure checkpoints the steps done
 
                 # ---- generate + reward (dynamic sampling keeps only groups that teach something)
-                rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                    spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
+                try:
+                    rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
+                        spec, step, data, tokenizer, cluster, rewards, ph, prefetch)
+                except RewardError as e:
+                    raise keep_steps_done(e, spec, step, start, cluster, data, data_before, ckpt, kl_ctl, history,
+                                          run_dir, console) from None
                 width = spec.rollout.max_response_tokens if spec.env.fn is None else None
                 batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
                                 tokenizer.pad_token_id, width)
@@ -469,6 +474,23 @@ def maybe_checkpoint(spec: RunSpec, step: int, cluster: Any, data: Any, ckpt=Non
         final = ckpt_io.export_final(spec, cluster, run_dir)
         if console is not None:
             console.print(f"saved {final} (HF format)")
+
+
+def keep_steps_done(e: RewardError, spec: RunSpec, step: int, start: int, cluster: Any, data: Any, data_before: dict,
+                    ckpt, kl_ctl, history: list, run_dir: str, console) -> RewardError:
+    """A reward function failed in step ``step`` (0-based) before the update: the cluster is fine
+    and holds the policy of the steps done, so they are checkpointed (unless they are already:
+    saved by this run, or the checkpoint it resumed from) with the data position they ended at,
+    and the error says how to continue."""
+    if step == 0 or ckpt is None:
+        return e
+    if step != start and ckpt.last_saved != step:
+        data.load_state_dict(data_before)
+        maybe_checkpoint(spec, step - 1, cluster, data, ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir,
+                         console=console, force=True)
+    done = "Step 1 is" if step == 1 else f"Steps 1-{step} are"
+    return RewardError(f"{str(e).rstrip('.')}. {done} checkpointed: fix it, then continue with "
+                       f"{resume_command(run_dir)}")
 
 
 def _keep_metrics_before(path: Path, start: int) -> None:

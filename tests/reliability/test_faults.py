@@ -1,6 +1,6 @@
 """Faults during a run: a worker process killed mid-step, Ctrl-C on the driver.
 
-* kill: a reward function (which runs in the driver between generation and the update) SIGKILLs
+* kill: a reward function (which runs between generation and the update) SIGKILLs
   the actor's or a rollout engine's Ray worker process at step 3. The driver names the role that
   died, exits 1, leaves the step-2 checkpoint intact, and no actor or placement group of the run
   is left; a rerun of the same run dir continues from that checkpoint (auto-resume).
@@ -48,7 +48,8 @@ CALLS = [0]
 def reward(prompts, responses, **meta):
     CALLS[0] += 1
     if ARM.exists() and CALLS[0] == 3:  # step 3, after generation, before the update
-        for p in psutil.Process(os.getpid()).children(recursive=True):
+        # the driver's Ray processes (this function runs in the reward process, a child of the driver)
+        for p in psutil.Process(os.getppid()).children(recursive=True):
             try:
                 if " ".join(p.cmdline()).startswith(("ray::{cls}", "ray::Host")):
                     os.kill(p.pid, signal.SIGKILL)
