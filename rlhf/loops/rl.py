@@ -241,10 +241,11 @@ def run(spec: RunSpec, cluster: Any, tracker: Any, console: Any, run_dir: str) -
                     m.update(evaluator.run())
                     m["time/eval"] = time.perf_counter() - t_eval
                 history.append(m)
-                metrics_file.write({"step": step, **m})
-                if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
-                    tracker.log(step, m)
-                console.step(step, m)
+                n = step + 1  # steps count from 1 in the console, metrics.jsonl and every tracker
+                metrics_file.write({"step": n, **m})
+                if step % spec.tracking.log_every == 0 or n == spec.train.steps or evaluated:
+                    tracker.log(n, m)
+                console.step(n, m)
                 saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
                 maybe_checkpoint(spec, step, cluster, data, **saving)
                 if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
@@ -494,10 +495,10 @@ def keep_steps_done(e: RewardError, spec: RunSpec, step: int, start: int, cluste
 
 
 def _keep_metrics_before(path: Path, start: int) -> None:
-    """A resumed run rewrites its metrics from ``start`` on: drop lines of steps >= start."""
+    """A resumed run rewrites its metrics after ``start`` steps: keep the lines of steps 1..start."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < start]
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
     path.write_text("".join(line + "\n" for line in keep))
 
 

@@ -2,9 +2,11 @@
 
 ``Tracker`` fans each call out to every tracker the spec names (MLflow here; TensorBoard in
 rlhf/track/tensorboard_run.py; W&B in rlhf/track/wandb_run.py), all fed the same params, metric
-names and steps. A tracker that raises (its disk is full, its credentials are refused, its server
-is gone) is dropped with one ``warning:`` line and the run goes on with the others: metrics.jsonl
-in the run dir stays the record.
+names and steps (a step's metrics at its number counted from 1, as on the console, in
+metrics.jsonl and in the checkpoint names ``step_N``; 0 is before training). A tracker that
+raises (its disk is full, its credentials are refused, its server is gone) is dropped with one
+``warning:`` line and the run goes on with the others: metrics.jsonl in the run dir stays the
+record.
 
 MLflow:
 
@@ -411,12 +413,13 @@ class Console:
             self._progress.update(self._task, total=total_steps)
 
     def step(self, step: int, m: dict[str, float]) -> None:
+        """Step ``step`` (counted from 1) is done."""
         if self.mode == "none":
             return
         if self._progress is not None:
-            self._progress.update(self._task, completed=step + 1, info=self.summary(m))
+            self._progress.update(self._task, completed=step, info=self.summary(m))
         else:
-            print(f"step {step + 1}/{self.total} · {self.summary(m)}", file=self.stream, flush=True)
+            print(f"step {step}/{self.total} · {self.summary(m)}", file=self.stream, flush=True)
 
     def print(self, text: str) -> None:
         if self.mode == "none":
