@@ -488,7 +488,9 @@ class TrackingSpec(Frozen):
                        "(tracking.backend=[mlflow,tensorboard,wandb]). Each gets the same metric names and steps; "
                        "tensorboard writes <run dir>/tensorboard (tensorboard --logdir a sweep dir groups its jobs); "
                        "one that fails (disk, credentials) is dropped with one line and training goes on.")
-    uri: Optional[str] = doc(None, "The MLflow tracking URI; None = a sqlite store under the output root.")
+    uri: Optional[str] = doc(None, "The MLflow tracking URI; None = the project's sqlite store, "
+                             "outputs/mlflow.db of the directory rlhf-run was started in ($RLHF_TRACKING_DIR "
+                             "names another folder), shared by every run and sweep started there.")
     experiment: str = doc("rlhf", "The experiment's name in the tracking store (MLflow experiment, W&B project).")
     wandb: WandbSpec = docf(WandbSpec, "Weights & Biases settings.")
     console: str = doc("rich", "What the console shows: rich (a live progress bar on a terminal, else plain) | "

@@ -61,7 +61,8 @@ def reward(prompts, responses, **meta):
     global calls
     calls += 1
     if calls == {crash_on} and os.path.exists({arm!r}):
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        # the driver's process group (the reward process, a child of the driver, has a session of its own)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
     return keymap_reward(prompts, responses, **meta)
 '''
 

@@ -63,6 +63,7 @@ def scene(rl_env, tmp_path_factory):
     marker = f"{os.getpid()}_{time.time_ns()}"
     env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1", PYTHONPATH=REPO, RLHF_SIDE_MARK=marker)
     env.pop("RAY_ADDRESS", None)
+    env.pop("RLHF_TRACKING_DIR", None)  # the CLI's own default: outputs/ of the directory it starts in
     logs = fresh / "logs"
     logs.mkdir()
     procs: list[subprocess.Popen] = []

@@ -135,7 +135,7 @@ def test_eval_metrics_in_mlflow(eval_run):
     from rlhf.track import default_tracking_uri
 
     out = eval_run["dir"]
-    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    client = MlflowClient(tracking_uri=default_tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("rlhf").experiment_id],
                               filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
