@@ -238,6 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rlhf.spec.errors import SpecError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    from rlhf.paths import record_tracking_dir
+
+    record_tracking_dir()  # the project's MLflow store: outputs/ here, wherever Hydra moves the run
     if "--help" in argv or "-h" in argv:
         print(render_help(help_dirs(argv)))
         return 0

@@ -42,3 +42,18 @@ def recipes_dir() -> Path:
 def cache_dir() -> Path:
     """Generated models, tokenizers and data of the built-in task (RLHF_CACHE overrides)."""
     return Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "rlhf"))
+
+
+TRACKING_DIR_ENV = "RLHF_TRACKING_DIR"
+
+
+def record_tracking_dir() -> None:
+    """``rlhf-run``, before anything changes the working directory: the project's MLflow store is
+    under ``outputs/`` of the directory it was started in (an existing $RLHF_TRACKING_DIR is kept)."""
+    os.environ.setdefault(TRACKING_DIR_ENV, os.path.abspath("outputs"))
+
+
+def tracking_dir() -> Path:
+    """The folder of the default MLflow store (``mlflow.db``, ``mlartifacts/``): $RLHF_TRACKING_DIR,
+    else ``outputs/`` of the working directory (a run started from Python, not ``rlhf-run``)."""
+    return Path(os.environ.get(TRACKING_DIR_ENV) or os.path.abspath("outputs")).expanduser().resolve()

@@ -276,15 +276,13 @@ STAND_IN_RESPONSES = ("", "I think the answer is 42.", "x" * 300)
 
 
 def check_rewards(spec: RunSpec, rows: Optional[list] = None) -> None:
-    """Import every reward function now, and call them (not the remote service) on a few stand-in
-    samples: the first prompts of ``rows`` (the train file's; their other columns as metadata)
-    with responses of STAND_IN_RESPONSES. A typo, an import error, an exception, a wrong number
+    """Import every reward function now (where the run calls it: its own process by default), and
+    call them (not the remote service) on a few stand-in samples: the first prompts of ``rows``
+    (the train file's; their other columns as metadata) with responses of STAND_IN_RESPONSES. A typo, an import error, an exception, a wrong number
     of values, NaN or a function slower than reward.timeout_s costs a second here, not a cluster
     start (UserError, one line)."""
-    from rlhf.rewards.loader import Rewards, load_function
+    from rlhf.rewards.loader import Rewards
 
-    for f in spec.reward.functions:
-        load_function(f.fn)
     env = getattr(spec, "env", None)
     if env is not None and getattr(env, "fn", None):  # a multi-turn environment class: same loader
         from rlhf.envs import load_env
@@ -299,7 +297,7 @@ def check_rewards(spec: RunSpec, rows: Optional[list] = None) -> None:
     responses = [r for _, r in pairs]
     metadata = {k: [row.get(k) for row, _ in pairs] for k in rows[0] if k != key}
     metadata["finish_reasons"] = ["stop" if i % 2 == 0 else "length" for i in range(len(pairs))]
-    rewards = Rewards(spec.reward, remote=False)
+    rewards = Rewards(spec.reward, remote=False)  # imported where they run (a process: reward.isolate)
     try:
         rewards.score(prompts, responses, metadata)
     except UserError as e:

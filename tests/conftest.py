@@ -21,6 +21,22 @@ def rlhf_cache(tmp_path_factory):
         os.environ["RLHF_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tracking_dir(tmp_path_factory):
+    """$RLHF_TRACKING_DIR for the session: the default MLflow store (``rlhf.paths.tracking_dir``,
+    which ``rlhf-run`` would set to ``outputs/`` of the directory it starts in) is a session tmp
+    dir, so that no test writes a store into the repository."""
+    from rlhf.paths import TRACKING_DIR_ENV
+
+    old = os.environ.get(TRACKING_DIR_ENV)
+    path = os.environ[TRACKING_DIR_ENV] = str(tmp_path_factory.mktemp("tracking"))
+    yield path
+    if old is None:
+        os.environ.pop(TRACKING_DIR_ENV, None)
+    else:
+        os.environ[TRACKING_DIR_ENV] = old
+
+
 @pytest.fixture(scope="module")
 def rl_env(rlhf_cache):
     """The cache (its path is the value) and a local Ray for in-process runs (the launcher joins it

@@ -32,7 +32,7 @@ from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.launch.cluster import Cluster
 from rlhf.quoting import resume_command
-from rlhf.rewards import Rewards
+from rlhf.rewards import RewardError, Rewards
 from rlhf.rewards.scoring import score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
@@ -170,10 +170,15 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
             for step in range(start, spec.train.steps):
                 ph = Phases(spec, step)
                 t_step = time.perf_counter()
+                data_before = data.state_dict()  # a reward function's failure checkpoints the steps done
 
                 # ---- generate + reward (dynamic sampling keeps only groups that teach something)
-                rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                    spec, step, data, tokenizer, cluster, rewards, ph, prefetch, agent)
+                try:
+                    rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
+                        spec, step, data, tokenizer, cluster, rewards, ph, prefetch, agent)
+                except RewardError as e:
+                    raise keep_steps_done(e, spec, step, start, cluster, data, data_before, ckpt, kl_ctl, history,
+                                          run_dir, console) from None
                 multi_turn = spec.env.fn is not None or agent is not None
                 width = None if multi_turn else spec.rollout.max_response_tokens
                 batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
@@ -248,10 +253,11 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
                     m.update(evaluator.run())
                     m["time/eval"] = time.perf_counter() - t_eval
                 history.append(m)
-                metrics_file.write({"step": step, **m})
-                if step % spec.tracking.log_every == 0 or step == spec.train.steps - 1 or evaluated:
-                    tracker.log(step, m)
-                console.step(step, m)
+                n = step + 1  # steps count from 1 in the console, metrics.jsonl and every tracker
+                metrics_file.write({"step": n, **m})
+                if step % spec.tracking.log_every == 0 or n == spec.train.steps or evaluated:
+                    tracker.log(n, m)
+                console.step(n, m)
                 saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
                 maybe_checkpoint(spec, step, cluster, data, **saving)
                 if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
@@ -494,11 +500,28 @@ def maybe_checkpoint(spec: RunSpec, step: int, cluster: Cluster, data: Any, ckpt
             console.print(f"saved {final} (HF format)")
 
 
+def keep_steps_done(e: RewardError, spec: RunSpec, step: int, start: int, cluster: Any, data: Any, data_before: dict,
+                    ckpt, kl_ctl, history: list, run_dir: str, console) -> RewardError:
+    """A reward function failed in step ``step`` (0-based) before the update: the cluster is fine
+    and holds the policy of the steps done, so they are checkpointed (unless they are already:
+    saved by this run, or the checkpoint it resumed from) with the data position they ended at,
+    and the error says how to continue."""
+    if step == 0 or ckpt is None:
+        return e
+    if step != start and ckpt.last_saved != step:
+        data.load_state_dict(data_before)
+        maybe_checkpoint(spec, step - 1, cluster, data, ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir,
+                         console=console, force=True)
+    done = "Step 1 is" if step == 1 else f"Steps 1-{step} are"
+    return RewardError(f"{str(e).rstrip('.')}. {done} checkpointed: fix it, then continue with "
+                       f"{resume_command(run_dir)}")
+
+
 def _keep_metrics_before(path: Path, start: int) -> None:
-    """A resumed run rewrites its metrics from ``start`` on: drop lines of steps >= start."""
+    """A resumed run rewrites its metrics after ``start`` steps: keep the lines of steps 1..start."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < start]
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
     path.write_text("".join(line + "\n" for line in keep))
 
 

@@ -187,10 +187,11 @@ class Log:
         self.file = MetricsFile(self.run_dir)
 
     def step(self, step: int, m: dict[str, float]) -> None:
+        """Step ``step`` (counted from 1, as everywhere) is done: its metrics everywhere."""
         m = {**m, "time/elapsed": time.perf_counter() - self.t0}
         self.history.append({"step": step, **m})
         self.file.write({"step": step, **m})
-        if step % self.spec.tracking.log_every == 0:
+        if (step - 1) % self.spec.tracking.log_every == 0:
             self.tracker.log(step, m)
         self.console.step(step, m)
 
@@ -343,17 +344,15 @@ def optional(x: Optional[float]) -> float:
 
 
 def keep_metrics_before(path: Path, start: int) -> None:
-    """A resumed run rewrites its metrics from ``start`` on: drop step lines >= start and
-    evaluation lines after it (the evaluation at ``start`` belongs to the checkpoint)."""
+    """A resumed run rewrites its metrics after ``start`` steps: keep the lines of steps 1..start
+    and the evaluations up to ``start`` (the one at ``start`` belongs to the checkpoint)."""
     if not path.exists():
         return
     keep = []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
-        row = json.loads(line)
-        is_eval = not any(k.startswith("train/") for k in row)
-        if row["step"] < start or (is_eval and row["step"] <= start):
+        if json.loads(line)["step"] <= start:
             keep.append(line)
     path.write_text("".join(line + "\n" for line in keep))
 
@@ -402,8 +401,8 @@ def train_epochs(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Con
             m.update(combine_ranks(peaks))  # the largest rank's: a rank runs out of memory on its own peak
             m["perf/micro_batch_tokens_max"] = longest
             m["train/epoch"] = epoch + (k + 1) / steps_per_epoch
-            log.step(step, m)
             done = step + 1
+            log.step(done, m)
             if done % steps_per_epoch == 0:
                 after = evaluate()
                 log.eval(done, after, f"epoch {epoch + 1}/{spec.algo.epochs}")

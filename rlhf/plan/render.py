@@ -266,7 +266,8 @@ def render_plan(spec: RunSpec) -> str:
     else:
         extra = f" · beta {a.beta:g} · loss {a.loss_type}" if a.kind == "dpo" else ""
         lines.append(f"algorithm: {a.name} · lr {a.lr:g}{extra}")
-        unit = "examples" if a.kind == "sft" else "pairs"
+        # kto trains on unpaired examples (rlhf.loops.dpo.prepare): a step counts those, not pairs
+        unit = "examples" if a.kind == "sft" or getattr(a, "loss_type", None) == "kto" else "pairs"
         lines.append(
             f"batch: {b.prompts_per_step} {unit} per optimizer step "
             f"(micro {b.micro_batch_size} × {b.grad_accum} accum × {b.train_world_size} ranks){tokens}"

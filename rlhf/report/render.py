@@ -41,16 +41,16 @@ def _draw(ax: Any, p: Panel) -> None:
         for name, pts in p.series.items():
             vals = dict(pts)
             heights = [vals.get(s, 0.0) for s in steps]
-            ax.bar([s + 1 for s in steps], heights, bottom=[bottom[s] for s in steps], label=name, width=0.8)
+            ax.bar(steps, heights, bottom=[bottom[s] for s in steps], label=name, width=0.8)
             for s, h in zip(steps, heights):
                 bottom[s] += h
         if p.total:
-            ax.plot([s + 1 for s, _ in p.total], [v for _, v in p.total], "k_", markersize=14, label="time/step")
+            ax.plot([s for s, _ in p.total], [v for _, v in p.total], "k_", markersize=14, label="time/step")
     else:
         for name, pts in p.series.items():
             if name in p.left_out:
                 continue
-            xs, ys = [s + 1 for s, _ in pts], [v for _, v in pts]
+            xs, ys = [s for s, _ in pts], [v for _, v in pts]
             style = {"marker": "o", "markersize": 4} if p.kind == "markers" or len(xs) < 3 else {}
             faint = name.endswith(("/min", "/max", "_max")) and p.key in ("reward", "response_length")
             ax.plot(xs, ys, label=_short(name), linewidth=0.8 if faint else 1.5,

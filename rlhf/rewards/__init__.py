@@ -8,9 +8,11 @@ A reward function has the signature
 ``metadata`` holds every other column of the prompt's data row as a list aligned with the samples
 (e.g. ``answer=[...]``), plus ``finish_reasons`` ("stop" | "length"). Take ``**metadata`` so new
 columns do not break the function. Named as ``module:function`` (importable) or
-``path/to/file.py:function``; only what the config names is loaded.
+``path/to/file.py:function``; only what the config names is loaded. They run in a process of
+their own (``rlhf.rewards.isolated``; ``reward.isolate=false``: in the driver), called once per
+step with all of its samples.
 """
 
-from rlhf.rewards.loader import RewardFunction, Rewards, load_function
+from rlhf.rewards.loader import RewardError, RewardFunction, Rewards, load_function
 
-__all__ = ["RewardFunction", "Rewards", "load_function"]
+__all__ = ["RewardError", "RewardFunction", "Rewards", "load_function"]

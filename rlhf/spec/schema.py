@@ -486,6 +486,13 @@ class RewardSpec(Frozen):
     model_revision: Optional[str] = doc(None, "model_path's branch, tag or commit when it is a Hub id.")
     model_weight: float = doc(1.0, "The reward model's weight in the summed reward.")
     timeout_s: float = doc(60.0, "Seconds a reward function may take before it counts as hung.")
+    isolate: bool = doc(True, "Run the reward functions in a process of their own, so that a crash, os._exit, "
+                        "sys.exit or running out of memory in one is one line naming it and the run stops cleanly "
+                        "(steps done checkpointed); false: in the driver itself (a debugger's breakpoint works "
+                        "there, a crash takes the driver with it).")
+    memory_gb: Optional[float] = doc(None, "The reward process's memory cap in GB (RLIMIT_DATA; with "
+                                     "reward.isolate): an allocation past it raises MemoryError inside the function. "
+                                     "None = half this machine's memory; 0 = no cap.")
 
 
 TRACKERS = ("mlflow", "tensorboard", "wandb")
@@ -517,7 +524,9 @@ class TrackingSpec(Frozen):
                        "(tracking.backend=[mlflow,tensorboard,wandb]). Each gets the same metric names and steps; "
                        "tensorboard writes <run dir>/tensorboard (tensorboard --logdir a sweep dir groups its jobs); "
                        "one that fails (disk, credentials) is dropped with one line and training goes on.")
-    uri: Optional[str] = doc(None, "The MLflow tracking URI; None = a sqlite store under the output root.")
+    uri: Optional[str] = doc(None, "The MLflow tracking URI; None = the project's sqlite store, "
+                             "outputs/mlflow.db of the directory rlhf-run was started in ($RLHF_TRACKING_DIR "
+                             "names another folder), shared by every run and sweep started there.")
     experiment: str = doc("rlhf", "The experiment's name in the tracking store (MLflow experiment, W&B project).")
     wandb: WandbSpec = docf(WandbSpec, "Weights & Biases settings.")
     console: str = doc("rich", "What the console shows: rich (a live progress bar on a terminal, else plain) | "

@@ -2,6 +2,6 @@
 progress line (tracker.py); metrics.jsonl (metrics_file.py)."""
 
 from rlhf.track.metrics_file import MetricsFile
-from rlhf.track.tracker import Console, Tracker, default_tracking_uri, output_root
+from rlhf.track.tracker import Console, Tracker, default_tracking_uri
 
-__all__ = ["Console", "MetricsFile", "Tracker", "default_tracking_uri", "output_root"]
+__all__ = ["Console", "MetricsFile", "Tracker", "default_tracking_uri"]

@@ -2,16 +2,20 @@
 
 ``Tracker`` fans each call out to every tracker the spec names (MLflow here; TensorBoard in
 rlhf/track/tensorboard_run.py; W&B in rlhf/track/wandb_run.py), all fed the same params, metric
-names and steps. A tracker that raises (its disk is full, its credentials are refused, its server
-is gone) is dropped with one ``warning:`` line and the run goes on with the others: metrics.jsonl
-in the run dir stays the record.
+names and steps (a step's metrics at its number counted from 1, as on the console, in
+metrics.jsonl and in the checkpoint names ``step_N``; 0 is before training). A tracker that
+raises (its disk is full, its credentials are refused, its server is gone) is dropped with one
+``warning:`` line and the run goes on with the others: metrics.jsonl in the run dir stays the
+record.
 
 MLflow:
 
-* ``tracking.uri`` null: a sqlite store ``sqlite:///<output root>/mlflow.db`` (created here, in
-  the driver, before any worker could race on it) with artifacts in ``<output root>/mlartifacts``.
-  The output root is the nearest ancestor of the run dir named ``outputs``, else the run dir's
-  parent.
+* ``tracking.uri`` null: the project's store, one for every run and sweep started from one
+  directory: a sqlite store ``sqlite:///<dir>/mlflow.db`` (created here, in the driver, before any
+  worker could race on it) with artifacts in ``<dir>/mlartifacts``, where ``<dir>`` is
+  ``$RLHF_TRACKING_DIR``, which ``rlhf-run`` sets to ``outputs/`` of the directory it was started
+  in (before Hydra may change into the run dir) unless it is set already; without either (a run
+  started from Python), ``outputs/`` of the working directory. It does not follow ``output_dir``.
 * params: the flattened resolved config (``rlhf.spec.build.flatten(config_dict(spec))``) plus the
   derived batch plan, layout and ``auto`` decisions (``derived.*``); artifacts: ``spec.yaml`` and
   ``config.yaml``.
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rlhf.paths import tracking_dir
 from rlhf.spec.errors import UserError
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.schema import tracking_backends
@@ -48,16 +53,8 @@ from rlhf.track.params import (  # noqa: F401 - names the sweep and the tests im
 from rlhf.track.params import string_params as _params  # MLflow's params (tests patch this name)
 
 
-def output_root(run_dir: str) -> Path:
-    p = Path(run_dir).resolve()
-    for parent in [p, *p.parents]:
-        if parent.name == "outputs":
-            return parent
-    return p.parent
-
-
-def default_tracking_uri(run_dir: str) -> str:
-    return f"sqlite:///{output_root(run_dir) / 'mlflow.db'}"
+def default_tracking_uri() -> str:
+    return f"sqlite:///{tracking_dir() / 'mlflow.db'}"
 
 
 def _creation_lock(uri: str):
@@ -121,9 +118,10 @@ class MlflowRun:
         logging.getLogger("alembic").setLevel(logging.WARNING)
         logging.getLogger("mlflow").setLevel(logging.WARNING)
 
-        root = output_root(run_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        self.uri = spec.tracking.uri or default_tracking_uri(run_dir)
+        root = tracking_dir()
+        if not spec.tracking.uri:
+            root.mkdir(parents=True, exist_ok=True)
+        self.uri = spec.tracking.uri or default_tracking_uri()
         with _creation_lock(self.uri):  # MLflow's schema set-up is not safe to run twice at once
             self.client = Retrying(MlflowClient(tracking_uri=self.uri))
             exp = self.client.get_experiment_by_name(spec.tracking.experiment)
@@ -411,12 +409,13 @@ class Console:
             self._progress.update(self._task, total=total_steps)
 
     def step(self, step: int, m: dict[str, float]) -> None:
+        """Step ``step`` (counted from 1) is done."""
         if self.mode == "none":
             return
         if self._progress is not None:
-            self._progress.update(self._task, completed=step + 1, info=self.summary(m))
+            self._progress.update(self._task, completed=step, info=self.summary(m))
         else:
-            print(f"step {step + 1}/{self.total} · {self.summary(m)}", file=self.stream, flush=True)
+            print(f"step {step}/{self.total} · {self.summary(m)}", file=self.stream, flush=True)
 
     def print(self, text: str) -> None:
         if self.mode == "none":

@@ -105,3 +105,13 @@ def test_new_keys_are_validated(overrides, message):
     with pytest.raises(SpecError) as e:
         planned_spec(overrides)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("algo,unit", [("kto", "examples"), ("dpo", "pairs"), ("orpo", "pairs"), ("sft", "examples")])
+def test_the_plan_counts_a_steps_units_as_the_loop_trains_them(algo, unit):
+    """KTO trains on unpaired examples (rlhf.loops.dpo.prepare), not pairs: the plan's batch line says so."""
+    from rlhf.plan.render import render_plan
+
+    spec = planned_spec([f"algo={algo}"])
+    [line] = [x for x in render_plan(spec).splitlines() if x.startswith("batch: ")]
+    assert line.startswith(f"batch: {spec.batch.prompts_per_step} {unit} per optimizer step "), line

@@ -61,7 +61,8 @@ def reward(prompts, responses, **meta):
     global calls
     calls += 1
     if calls == {crash_on} and os.path.exists({arm!r}):
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        # the driver's process group (the reward process, a child of the driver, has a session of its own)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
     return keymap_reward(prompts, responses, **meta)
 '''
 
@@ -89,7 +90,7 @@ def runs(rl_env, tmp_path_factory):
     arm.unlink()  # the resumed run and the reference run score without crashing
     assert find_latest(killed).step == KILL_AFTER
     # step KILL_AFTER + 1 (0-based index KILL_AFTER) was logged past the checkpoint, and is lost
-    assert [r["step"] for r in read_metrics(killed)] == list(range(KILL_AFTER + 1))
+    assert [r["step"] for r in read_metrics(killed)] == list(range(1, KILL_AFTER + 2))
 
     c = _start([f"resume={killed}"], cache, tmp_path / "resume.log")
     try:
@@ -105,7 +106,7 @@ def runs(rl_env, tmp_path_factory):
 
 
 def _assert_same_metrics(ref: list[dict], got: list[dict]) -> None:
-    assert [r["step"] for r in ref] == list(range(STEPS)) and [r["step"] for r in got] == list(range(STEPS))
+    assert [r["step"] for r in ref] == list(range(1, STEPS + 1)) and [r["step"] for r in got] == list(range(1, STEPS + 1))
     compared = 0
     for x, y in zip(ref, got):
         keys = {k for k in x if not k.startswith(TIMING)} | {k for k in y if not k.startswith(TIMING)}

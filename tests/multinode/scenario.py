@@ -14,7 +14,7 @@ dead within about a second.
 2. ``single``: GRPO on one CPU slot, the baseline.
 3. ``disagg``: 2 nodes × 1 slot, disaggregated: the actor on node A, the rollout engine on B.
 4. ``lost``: 2 nodes × 1 slot, hybrid (a data-parallel rank on each node), a checkpoint every
-   step; node B's raylet is killed (SIGKILL) by the reward function, which runs in this driver,
+   step; node B's raylet is killed (SIGKILL) by the reward function (in the driver's reward process),
    during step 3. The driver's error line, exit code, and what is left on the cluster.
 5. ``resumed``: node B back (a new raylet: the cluster of the original shape), ``resume=`` of
    the lost run's dir, to the end.

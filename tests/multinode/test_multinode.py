@@ -153,7 +153,7 @@ def test_lost_node_is_named_checkpoint_kept_nothing_left(scenario):
 def test_resume_on_the_original_shape_reproduces_the_uninterrupted_run(scenario):
     r = scenario["resumed"]
     assert r["code"] == 0, r["err"][-3000:]
-    assert [row["step"] for row in r["rows"]] == [0, 1, 2, 3]
+    assert [row["step"] for row in r["rows"]] == [1, 2, 3, 4]
     _same_metrics(scenario["single"]["rows"], r["rows"])
     assert (Path(r["dir"]) / "checkpoints" / "step_00000004" / "COMPLETE").is_file()
 

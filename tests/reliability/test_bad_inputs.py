@@ -342,7 +342,7 @@ def _rewards(tmp_path, body: str, timeout_s: float = 60.0):
 SCORE = [
     ("exception", "    raise KeyError('answer')", ["raised KeyError: 'answer' (at ", "r.py:4)."]),
     ("type_error_inside", "    return [len(r) + 'x' for r in responses]", ["raised TypeError: unsupported operand"]),
-    ("sys_exit", "    raise SystemExit(0)", ["raised SystemExit: 0 (at "]),
+    ("sys_exit", "    raise SystemExit(0)", ["called sys.exit(0) (at ", "must not end its process"]),
     ("nan", "    return [float('nan')] * len(responses)", ["returned a non-finite value (nan) for response 0",
                                                             "return finite numbers"]),
     ("inf", "    return [0.0, math.inf, 0.0]", ["returned a non-finite value (inf) for response 1"]),
@@ -407,8 +407,25 @@ def test_reward_function_that_hangs_times_out_and_cannot_block_exit(tmp_path):
     rewards.close()
     assert_clear(str(e.value), f"reward function {ref} took more than reward.timeout_s=0.5 s",
                  "raise reward.timeout_s")
-    # the abandoned call must not keep the interpreter from exiting (non-daemon threads are joined)
+    # the abandoned call must not keep the interpreter from exiting: its process is killed, and
+    # the thread that waited on it is a daemon (non-daemon threads are joined at exit)
+    assert rewards.executor.pid is None
     hung = [th for th in threading.enumerate() if th.name.startswith("reward") and th.is_alive()]
+    assert all(th.daemon for th in hung)
+
+
+def test_reward_function_that_hangs_in_the_driver_cannot_block_exit(tmp_path):
+    """reward.isolate=false: the call runs in a daemon thread of the driver, left behind on timeout."""
+    from rlhf.rewards import Rewards
+
+    f = tmp_path / "r.py"
+    f.write_text("import time\n\ndef reward(prompts, responses, **kw):\n    time.sleep(3600)\n")
+    rewards = Rewards(SimpleNamespace(functions=[SimpleNamespace(fn=f"{f}:reward", weight=1.0, name=None)],
+                                      timeout_s=0.5, remote=None, isolate=False))
+    with pytest.raises(UserError, match="took more than reward.timeout_s=0.5 s"):
+        rewards.score(["p"], ["a"], {})
+    rewards.close()
+    hung = [th for th in threading.enumerate() if th.name == "reward" and th.is_alive()]
     assert hung and all(th.daemon for th in hung)
 
 

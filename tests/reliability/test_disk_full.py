@@ -71,7 +71,7 @@ def test_disk_full_writing_metrics(rl_env, tmp_path, capsys, monkeypatch):
     real = metrics_file._write
 
     def fills_at_step_2(fd, data):
-        if b'"step": 1,' in bytes(data):
+        if b'"step": 2,' in bytes(data):
             real(fd, data[: len(data) // 2])
             raise _enospc()
         return real(fd, data)
@@ -80,7 +80,7 @@ def test_disk_full_writing_metrics(rl_env, tmp_path, capsys, monkeypatch):
     out, rows, line, before = _run_that_fills_the_disk(tmp_path, capsys)
     assert_clear(line, f"disk full while writing the metrics to {out / 'metrics.jsonl'}", "No space left on device",
                  "it needs", "The checkpoint of step 1 is intact", f"resume={out}")
-    assert [r["step"] for r in rows] == [0]  # whole lines only
+    assert [r["step"] for r in rows] == [1]  # whole lines only
     _assert_loadable(out, 1)
     assert leftovers(*before) == ([], [])
 
@@ -102,7 +102,7 @@ def test_disk_full_writing_a_checkpoint(rl_env, tmp_path, capsys, monkeypatch):
                  f"{out / 'checkpoints' / 'step_00000002.tmp'}", "No space left on device",
                  "(the size of the previous checkpoint)", "free there",
                  f"The checkpoint of step 1 is intact ({out / 'checkpoints' / 'step_00000001'})", f"resume={out}")
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     _assert_loadable(out, 1)  # and the partial step 2 (the worker's state, half a driver.pt) is gone
     assert not (out / "final").exists()
     assert leftovers(*before) == ([], [])
@@ -149,7 +149,7 @@ def test_disk_full_writing_the_export_then_resume_writes_it(rl_env, tmp_path, ca
     assert code == 1
     assert_clear(line, f"disk full while writing the final HF export to {out / 'final' / 'hf'}",
                  "No space left on device", "free there", "The checkpoint of step 1 is intact", f"resume={out}")
-    assert [r["step"] for r in rows] == [0]
+    assert [r["step"] for r in rows] == [1]
     _assert_loadable(out, 1)
     assert not (out / "final" / "hf").exists()  # no half export for from_pretrained to trip on
     assert not list((out / "final").glob(".hf.*"))  # nor its temporary dir
@@ -164,5 +164,5 @@ def test_disk_full_writing_the_export_then_resume_writes_it(rl_env, tmp_path, ca
     assert main([f"resume={out}", "tracking.console=plain"]) == 0
     assert f"saved {out / 'final' / 'hf'} (HF format)" in capsys.readouterr().out
     AutoModelForCausalLM.from_pretrained(str(out / "final" / "hf"))
-    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [0]
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
     assert leftovers(*before) == ([], [])

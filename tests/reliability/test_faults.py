@@ -1,6 +1,6 @@
 """Faults during a run: a worker process killed mid-step, Ctrl-C on the driver.
 
-* kill: a reward function (which runs in the driver between generation and the update) SIGKILLs
+* kill: a reward function (which runs between generation and the update) SIGKILLs
   the actor's or a rollout engine's Ray worker process at step 3. The driver names the role that
   died, exits 1, leaves the step-2 checkpoint intact, and no actor or placement group of the run
   is left; a rerun of the same run dir continues from that checkpoint (auto-resume).
@@ -48,7 +48,8 @@ CALLS = [0]
 def reward(prompts, responses, **meta):
     CALLS[0] += 1
     if ARM.exists() and CALLS[0] == 3:  # step 3, after generation, before the update
-        for p in psutil.Process(os.getpid()).children(recursive=True):
+        # the driver's Ray processes (this function runs in the reward process, a child of the driver)
+        for p in psutil.Process(os.getppid()).children(recursive=True):
             try:
                 if " ".join(p.cmdline()).startswith(("ray::{cls}", "ray::Host")):
                     os.kill(p.pid, signal.SIGKILL)
@@ -102,7 +103,7 @@ def test_killed_worker_is_named_checkpoint_kept_nothing_left(rl_env, tmp_path, c
     err = capsys.readouterr()
     assert code == 0, err.err
     assert "resumed from" in err.out and "step_00000002" in err.out
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert leftovers(*before) == ([], [])
 
 
@@ -169,7 +170,7 @@ def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes
     left = marked_pids(marker)
     assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(len(steps))) and STOP_AFTER <= len(steps) < 200
+    assert steps == list(range(1, len(steps) + 1)) and STOP_AFTER <= len(steps) < 200
     # the step under way when the signal came was finished and checkpointed: the last one logged
     last = find_latest(out)
     assert last is not None and last.step == len(steps), (last, len(steps))
@@ -185,5 +186,5 @@ def test_ctrl_c_checkpoints_the_step_exits_130_leaves_no_ray_process_and_resumes
     assert main([f"resume={out}", f"train.steps={end}", "tracking.console=plain"]) == 0
     assert f"resumed from {last.path} at step {last.step + 1}" in capsys.readouterr().out
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(end))
+    assert steps == list(range(1, end + 1))
     assert find_latest(out).step == end and (out / "final" / "hf" / "config.json").is_file()

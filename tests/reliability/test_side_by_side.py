@@ -63,6 +63,7 @@ def scene(rl_env, tmp_path_factory):
     marker = f"{os.getpid()}_{time.time_ns()}"
     env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1", PYTHONPATH=REPO, RLHF_SIDE_MARK=marker)
     env.pop("RAY_ADDRESS", None)
+    env.pop("RLHF_TRACKING_DIR", None)  # the CLI's own default: outputs/ of the directory it starts in
     logs = fresh / "logs"
     logs.mkdir()
     procs: list[subprocess.Popen] = []
@@ -141,7 +142,7 @@ def test_two_runs_started_together_in_a_fresh_dir_both_finish_with_complete_mlfl
     for run in runs.values():
         assert run.info.status == "FINISHED"
         history = client.get_metric_history(run.info.run_id, "reward/mean")
-        assert sorted(m.step for m in history) == list(range(STEPS))
+        assert sorted(m.step for m in history) == list(range(1, STEPS + 1))
     assert scene["left"] == []  # no process of either run (Ray included) is left
 
 
@@ -163,7 +164,7 @@ def test_the_busy_dirs_run_equals_a_run_alone(scene):
 
     shared, alone = scene["shared"], _r2_dir(scene)
     a, b = read_metrics(shared), read_metrics(alone)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(STEPS))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     compared = 0
     for x, y in zip(a, b):
         assert {k for k in x if not k.startswith(TIMING)} == {k for k in y if not k.startswith(TIMING)}

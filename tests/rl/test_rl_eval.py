@@ -30,7 +30,7 @@ import pytest
 from tests.helpers import record_learning, run_rl
 
 STEPS, EVERY, N_SAMPLES, MAX_PROMPTS = 20, 5, 4, 24
-EVAL_STEPS = [4, 9, 14, 19]  # 0-based steps after which an evaluation runs
+EVAL_STEPS = [5, 10, 15, 20]  # the steps (counted from 1) after which an evaluation runs
 HELD_OUT = {"k6", "k7"}
 BEST = "eval/heldout/sampled/reward_mean"  # keep-best by an eval metric
 MARGIN_SEEN, MARGIN_ALL = 0.3, 0.15  # greedy reward, last eval over first (measured: 0.72 and 0.36)
@@ -122,7 +122,7 @@ def test_eval_before_training_is_the_starting_policy(eval_run):
     """eval.before_training: the starting (random) policy's evaluation, logged once with the first
     step's metrics as eval_before/...; training then beats it on the seen keys."""
     rows = eval_run["rows"]
-    assert [r["step"] for r in rows if "eval_before/greedy/reward_mean" in r] == [0]
+    assert [r["step"] for r in rows if "eval_before/greedy/reward_mean" in r] == [1]
     before, last = rows[0], _evals(rows)[-1]
     for kind in KINDS:
         assert f"eval_before/seen/{kind}" in before
@@ -135,7 +135,7 @@ def test_eval_metrics_in_mlflow(eval_run):
     from rlhf.track import default_tracking_uri
 
     out = eval_run["dir"]
-    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    client = MlflowClient(tracking_uri=default_tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("rlhf").experiment_id],
                               filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
@@ -152,9 +152,9 @@ def test_best_eval_checkpoint_survives_rotation(eval_run):
     from rlhf.ckpt import CheckpointManager
 
     rows = {r["step"]: r for r in eval_run["rows"]}
-    saved = [s + 1 for s in EVAL_STEPS]  # checkpoint.every = eval.every: 5, 10, 15, 20
+    saved = EVAL_STEPS  # checkpoint.every = eval.every: 5, 10, 15, 20
     # every checkpoint is ranked by the eval of its own weights (recorded in its COMPLETE marker)
-    scores = {s: rows[s - 1][BEST] for s in saved}
+    scores = {s: rows[s][BEST] for s in saved}
     best = max(saved, key=lambda s: (scores[s], -s))  # ties: the earliest
     kept = CheckpointManager(eval_run["dir"], every=EVERY, keep_last=1, best_metric=BEST).complete()
     print(f"{BEST} per checkpoint: {scores}; kept {[c.step for c in kept]}")
@@ -167,7 +167,7 @@ def test_best_eval_checkpoint_survives_rotation(eval_run):
 @pytest.mark.slow
 def test_eval_does_not_change_training(eval_run, data, tmp_path):
     # the steps up to one past the second eval, without evaluation: every training metric equal
-    n = EVAL_STEPS[1] + 2
+    n = EVAL_STEPS[1] + 1
     code, rows = run_rl(TOY + _data_args(data) + [f"train.steps={n}", "eval.every=0"], tmp_path / "eval_off")
     assert code == 0 and len(rows) == n
     compared = 0

@@ -147,7 +147,7 @@ def test_mlflow_run_read_back(grpo_hybrid):
     from rlhf.track import default_tracking_uri
 
     out = grpo_hybrid["dir"]
-    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    client = MlflowClient(tracking_uri=default_tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("rlhf").experiment_id],
                               filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
     assert len(runs) == 1

@@ -135,6 +135,9 @@ def test_data_and_reward_rules(rl):
     assert msg.startswith("this RL run has no reward")
     [msg] = data.reward_problems(with_(rl, "reward", timeout_s=0))
     assert msg == "reward.timeout_s=0 must be > 0."
+    [msg] = data.reward_problems(with_(rl, "reward", memory_gb=-1.0))
+    assert msg.startswith("reward.memory_gb=-1.0 must be >= 0")
+    assert data.reward_problems(with_(rl, "reward", memory_gb=0.0)) == []
 
 
 def test_run_rules(rl):

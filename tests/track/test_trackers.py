@@ -59,7 +59,7 @@ def _mlflow_run(out: Path):
 
     from rlhf.track import default_tracking_uri
 
-    client = MlflowClient(tracking_uri=default_tracking_uri(str(out)))
+    client = MlflowClient(tracking_uri=default_tracking_uri())
     exp = client.get_experiment_by_name("rlhf")
     (run,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`rlhf.run_dir` = '{out.resolve()}'")
     return client, run
@@ -67,7 +67,7 @@ def _mlflow_run(out: Path):
 
 def test_tensorboard_has_every_metric_at_mlflows_steps(tracked_run):
     out, rows = tracked_run["dir"], tracked_run["rows"]
-    assert len(rows) == 3
+    assert [r["step"] for r in rows] == [1, 2, 3]  # counted from 1, as the console's "step 1/3"
     tb = tb_events.scalars(out / "tensorboard")
     ref = _series(rows)
     client, run = _mlflow_run(out)
@@ -325,3 +325,33 @@ def test_a_resumed_run_continues_its_wandb_run(spec_dir):
     assert ids == {(out / "wandb" / "rlhf_run_id").read_text().strip()}
     steps = sorted([h["_step"] for h in wandb_log.history(f) if "reward/mean" in h] for f in logs)
     assert steps == [[0], [1]]  # one folder a session (names from the start time: any order)
+
+
+def test_one_mlflow_store_per_project_whatever_the_output_dir(tmp_path, monkeypatch):
+    """The default store is outputs/mlflow.db of the directory rlhf-run started in (recorded before
+    Hydra may change into the run dir), for runs in any output_dir and for every sweep."""
+    from rlhf.paths import TRACKING_DIR_ENV, record_tracking_dir, tracking_dir
+    from rlhf.run import write_run_dir
+    from rlhf.track import Tracker, default_tracking_uri
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.delenv(TRACKING_DIR_ENV)
+    monkeypatch.chdir(project)
+    record_tracking_dir()
+    monkeypatch.chdir(tmp_path)  # as hydra.job.chdir would
+    assert tracking_dir() == project / "outputs"
+    assert default_tracking_uri() == f"sqlite:///{project / 'outputs' / 'mlflow.db'}"
+    monkeypatch.setenv(TRACKING_DIR_ENV, str(tmp_path / "elsewhere"))
+    record_tracking_dir()  # set already (by the user, or the tests): kept
+    assert tracking_dir() == tmp_path / "elsewhere"
+    runs = []
+    for out in (tmp_path / "a" / "run", tmp_path / "multirun" / "b" / "0"):
+        spec = make_spec(["train.steps=1", "tracking.backend=mlflow"], out)
+        write_run_dir(spec)
+        t = Tracker(spec, str(out))
+        t.finish("FINISHED")
+        runs.append((t.mlflow.uri, t.run_id))
+    assert {u for u, _ in runs} == {f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}"}
+    assert (tmp_path / "elsewhere" / "mlflow.db").is_file() and runs[0][1] != runs[1][1]
+    assert not (tmp_path / "a" / "mlflow.db").exists() and not (tmp_path / "multirun" / "b" / "mlflow.db").exists()

@@ -61,4 +61,6 @@ def reward_problems(s: Sections) -> list[str]:
             )
     if rw.timeout_s <= 0:
         p.append(f"reward.timeout_s={rw.timeout_s} must be > 0.")
+    if rw.memory_gb is not None and rw.memory_gb < 0:
+        p.append(f"reward.memory_gb={rw.memory_gb} must be >= 0 (0: no cap; null: half this machine's memory).")
     return p
