@@ -500,8 +500,8 @@ def maybe_checkpoint(spec: RunSpec, step: int, cluster: Cluster, data: Any, ckpt
             console.print(f"saved {final} (HF format)")
 
 
-def keep_steps_done(e: RewardError, spec: RunSpec, step: int, start: int, cluster: Any, data: Any, data_before: dict,
-                    ckpt, kl_ctl, history: list, run_dir: str, console) -> RewardError:
+def keep_steps_done(e: RewardError, spec: RunSpec, step: int, start: int, cluster: Cluster, data: Any, data_before: dict,
+                    ckpt, kl_ctl, history: list, run_dir: str, console: Console) -> RewardError:
     """A reward function failed in step ``step`` (0-based) before the update: the cluster is fine
     and holds the policy of the steps done, so they are checkpointed (unless they are already:
     saved by this run, or the checkpoint it resumed from) with the data position they ended at,

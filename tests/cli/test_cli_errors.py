@@ -11,7 +11,7 @@ L8 = ["model=llama3-8b", "hardware=8xh100"]
 # (command line, substrings the message must contain)
 BAD = [
     # unknown group options list the valid ones
-    (["algo=grpoo"], ["algo 'grpoo' not found", "Choose one of: cispo, dapo, dpo, dr_grpo, grpo, gspo, kto, orpo, ppo, reinforce_pp"]),
+    (["algo=grpoo"], ["algo 'grpoo' not found", "Choose one of: cispo, dapo, dpo, dr_grpo, grpo, gspo, kto, opd, orpo, ppo, reinforce_pp"]),
     (["model=gpt5"], ["model 'gpt5' not found", "llama3-8b", "qwen2.5-0.5b"]),
     (["hardware=8xh200"], ["hardware '8xh200' not found", "8xh100", "1xh200"]),
     (["placement=colocated"], ["placement 'colocated' not found", "Choose one of: disaggregated, hybrid"]),
