@@ -28,6 +28,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar
 
+from rlhf.plugins import import_problem
+
 __all__ = [
     "EstimatorInfo",
     "PartInfo",
@@ -179,10 +181,4 @@ def load_plugins(modules: Sequence[str]) -> None:
 
 def plugin_problem(name: str) -> Optional[str]:
     """None if module ``name`` imports, else one line naming it, the error and the fix."""
-    try:
-        importlib.import_module(name)
-    except Exception as e:  # noqa: BLE001 (a plugin's own error is the user's to see, in one line)
-        first = f"{type(e).__name__}: {e}".splitlines()[0]
-        return (f"algo.plugins: cannot import {name!r} ({first}). Give a module importable from the "
-                "working directory or PYTHONPATH.")
-    return None
+    return import_problem("algo.plugins", name)

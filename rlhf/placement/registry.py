@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import Optional, Sequence
 
+from rlhf.plugins import import_problem
+
 
 class PlacementKind:
     name: str = ""
@@ -110,10 +112,4 @@ def get(name: str, plugins: Sequence[str] = ()) -> PlacementKind:
 
 def plugin_problem(module: str) -> Optional[str]:
     """None if module ``module`` imports, else one line naming it, the error and the fix."""
-    try:
-        importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 (a plugin's own error is the user's to see, in one line)
-        first = f"{type(e).__name__}: {e}".splitlines()[0]
-        return (f"placement.plugins: cannot import {module!r} ({first}). Give a module importable from the "
-                "working directory or PYTHONPATH.")
-    return None
+    return import_problem("placement.plugins", module)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from rlhf.plugins import import_problem
+
 if TYPE_CHECKING:
     from rlhf.rollout.engine import RolloutEngine
     from rlhf.spec.runspec import RunSpec
@@ -171,10 +173,4 @@ def resolve(name: str, accelerator: str, plugins: Sequence[str] = ()) -> str:
 
 def plugin_problem(module: str) -> Optional[str]:
     """None if module ``module`` imports, else one line naming it, the error and the fix."""
-    try:
-        importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 (a plugin's own error is the user's to see, in one line)
-        first = f"{type(e).__name__}: {e}".splitlines()[0]
-        return (f"rollout.plugins: cannot import {module!r} ({first}). Give a module importable from the "
-                "working directory or PYTHONPATH.")
-    return None
+    return import_problem("rollout.plugins", module)
