@@ -21,7 +21,8 @@ How much of the host it can see depends on the isolation found on this machine (
     none     rlimits and the unprivileged uid only: the network is reachable. Only for machines
              where neither works; ``SandboxPool(isolation="bwrap")`` refuses to start instead.
 
-As root (CI, containers) every pool slot runs as its own unprivileged uid (``uid_base + slot``), so
+As root (CI, containers) every pool slot runs as its own unprivileged uid (from ``uid_base``, leased
+by the pool alone: ``_UidLease``), so
 the sandbox cannot read root's files or signal the host's processes, RLIMIT_NPROC counts only its
 own processes, and whatever is left after a call is killed by that uid. The environment is cleared
 (PATH, HOME, LANG only), so no secret in the host's environment reaches the code.
@@ -194,8 +195,42 @@ def _plain_argv(python: str) -> list[str]:
     return [python, "-I", "-S", "-c", RUNNER]
 
 
-def _slot_user(slot: int, uid_base: int) -> Optional[int]:
-    return uid_base + slot if _is_root() else None
+UID_RANGE = 4096  # uids a machine's sandboxes may take, from uid_base
+_LEASES = "/tmp/rlhf-sandbox-uids"
+
+
+class _UidLease:
+    """An unprivileged uid this process holds alone (as root): an flock on ``<uid>.lock`` under
+    /tmp/rlhf-sandbox-uids, kept while the lease lives and dropped by the kernel when the process
+    ends. Two pools, in one process or in several (two pytest workers, two runs), never share a uid,
+    so the kill of whatever a call left behind (by uid) never reaches another pool's sandbox."""
+
+    def __init__(self, uid_base: int):
+        import fcntl
+
+        self.uid: Optional[int] = None
+        self._fd: Optional[int] = None
+        if not _is_root():
+            return
+        os.makedirs(_LEASES, mode=0o700, exist_ok=True)
+        for uid in range(uid_base, uid_base + UID_RANGE):
+            fd = os.open(os.path.join(_LEASES, f"{uid}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise UserError(f"sandbox: all {UID_RANGE} uids from {uid_base} are taken by running sandboxes.")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self.release()
 
 
 def _live_pids(uid: int) -> list[int]:
@@ -388,10 +423,14 @@ def _probe(isolation: str, python: str, uid: Optional[int]) -> Optional[str]:
 def detect_isolation(python: Optional[str] = None, uid_base: int = UID_BASE) -> str:
     """The strongest isolation that works on this machine, as this user (probed once per process)."""
     py = python or system_python()
-    for iso in ("bwrap", "unshare"):
-        if _probe(iso, py, _slot_user(0, uid_base)) is None:
-            return iso
-    return "none"
+    lease = _UidLease(uid_base)
+    try:
+        for iso in ("bwrap", "unshare"):
+            if _probe(iso, py, lease.uid) is None:
+                return iso
+        return "none"
+    finally:
+        lease.release()
 
 
 class SandboxPool:
@@ -407,10 +446,12 @@ class SandboxPool:
         self.limits = limits
         self.python = python or system_python()
         self.uid_base = uid_base
+        # one uid per slot, held by this pool alone (see _UidLease)
+        self._leases = [_UidLease(uid_base) for _ in range(max(workers, 1))]
         if isolation == "auto":
             isolation = detect_isolation(self.python, uid_base)
         else:
-            why = _probe(isolation, self.python, _slot_user(0, uid_base))
+            why = _probe(isolation, self.python, self._leases[0].uid)
             if why is not None:
                 fix = "apt-get install bubblewrap, or " if why.endswith("not installed") and isolation == "bwrap" else ""
                 raise UserError(f"sandbox isolation={isolation}: {why}. Fix: {fix}choose isolation=auto or another "
@@ -428,7 +469,7 @@ class SandboxPool:
         slot = self._slots.get()
         try:
             return _run_once(self.isolation, self.python, limits or self.limits, code, dict(files or {}),
-                             _slot_user(slot, self.uid_base))
+                             self._leases[slot].uid)
         finally:
             self._slots.put(slot)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.agent.sandbox import ISOLATIONS, SandboxLimits, SandboxPool, _probe, _slot_user, detect_isolation, system_python
+from rlhf.agent.sandbox import (ISOLATIONS, UID_BASE, SandboxLimits, SandboxPool, _probe, _UidLease, detect_isolation,
+                                system_python)
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, memory_mb=1024, output_bytes=64 * 1024, processes=32, disk_mb=16)
 LEVEL = detect_isolation()
@@ -25,7 +26,11 @@ STRONG = LEVEL == "bwrap"
 
 
 def available(level: str) -> bool:
-    return _probe(level, system_python(), _slot_user(0, 61000)) is None
+    lease = _UidLease(UID_BASE)
+    try:
+        return _probe(level, system_python(), lease.uid) is None
+    finally:
+        lease.release()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def slot_processes(pool: SandboxPool) -> list[int]:
     """Live (not zombie) processes owned by the pool's slot uids (as root each slot has its own uid)."""
     from rlhf.agent.sandbox import _live_pids
 
-    return [pid for s in range(pool.workers) for pid in _live_pids(pool.uid_base + s)]
+    return [pid for lease in pool._leases if lease.uid is not None for pid in _live_pids(lease.uid)]
 
 
 def test_normal_code_runs_with_files_and_a_clean_environment(pool):
