@@ -254,10 +254,10 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         from rlhf import storage
 
         out = spec.run_dir
-        refused = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, out)
-        if refused is not None:  # disk full, read-only or deleted run dir
+        write_problem = str(e) if isinstance(e, storage.StorageError) else storage.uncaught(e, out)
+        if write_problem is not None:  # disk full, read-only or deleted run dir
             _close(console)
-            print(f"error: {refused}", file=sys.stderr)
+            print(f"error: {write_problem}", file=sys.stderr)
             return EXIT_FAILURE
         user = _user_error_inside(e)
         if user is not None:

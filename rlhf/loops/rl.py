@@ -431,7 +431,7 @@ def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl
     """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
     mask = batch["response_mask"]
     ref = "ref_logp" in batch
-    student_logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
+    student_logp = batch["old_logp"] if "old_logp" in batch else batch.get("rollout_logp")
     adv = objective.advantages(
         spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
         max_response_tokens=spec.rollout.max_response_tokens, values=values,

@@ -233,7 +233,7 @@ def test_optuna_search_of_grpo_tiny_in_mlflow(optuna_sweep):
         assert float(by_job[r["index"]].data.params["algo.lr"]) == float(
             next(o for o in r["overrides"] if o.startswith("algo.lr=")).split("=")[1])
     history = client.get_metric_history(parent.info.run_id, "sweep/objective")
-    assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # the job index (Hydra numbers jobs from 0)
     assert sorted(m.value for m in history) == pytest.approx(sorted(objectives))
     best = yaml.safe_load((optuna_sweep["dir"] / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(max(objectives))  # direction: maximize

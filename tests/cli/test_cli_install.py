@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NEEDED = ["pyproject.toml", "setup.py", "README.md", "rlhf", "conf", "recipes"]
+NEEDED = ["pyproject.toml", "setup.py", "README.md", "rlhf", "conf", "recipes", "hydra_plugins"]
 
 
 def test_non_editable_install_finds_conf_and_recipes(tmp_path):

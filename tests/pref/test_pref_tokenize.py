@@ -16,7 +16,7 @@ from rlhf.spec.errors import UserError
 def data_spec(**kw):
     base = dict(
         prompt_key="prompt", response_key="response", chosen_key="chosen", rejected_key="rejected",
-        messages_key="messages", chat_template=False, truncation="right",
+        messages_key="messages", chat_template=False, truncation="right", tools_key="tools",
     )
     base.update(kw)
     return SimpleNamespace(**base)

@@ -243,8 +243,9 @@ def test_evaluator_touches_no_training_state(evaluator):
 def test_eval_due_every_n_at_the_end_and_at_ranked_checkpoints(evaluator):
     from rlhf.ckpt import CheckpointManager
 
-    assert [s for s in range(STEPS) if evaluator.due(s)] == EVAL_STEPS
+    # due(s) takes the loop's 0-based index; EVAL_STEPS are the 1-based step numbers the metrics carry
+    assert [s + 1 for s in range(STEPS) if evaluator.due(s)] == EVAL_STEPS
     # best_metric=eval/...: a checkpoint that eval.every misses gets an evaluation of its own
     ckpt = CheckpointManager("/nonexistent", every=3, keep_last=1, best_metric=BEST)
-    assert [s for s in range(STEPS) if evaluator.due(s, ckpt)] == sorted(
-        set(EVAL_STEPS) | {s for s in range(STEPS) if (s + 1) % 3 == 0})
+    assert [s + 1 for s in range(STEPS) if evaluator.due(s, ckpt)] == sorted(
+        set(EVAL_STEPS) | {s + 1 for s in range(STEPS) if (s + 1) % 3 == 0})

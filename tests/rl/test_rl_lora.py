@@ -104,7 +104,7 @@ def test_merged_weights_equal_w_plus_scaled_ba(arch):
     # the object-store sync: PolicyWorker.full_state_dict on rank 0 (ZeRO 0)
     worker = SimpleNamespace(engine=SimpleNamespace(module=model), rank=0,
                              spec=SimpleNamespace(train=SimpleNamespace(zero_stage=0)))
-    worker._on_rank0 = functools.partial(PolicyWorker._on_rank0, worker)
+    worker.on_rank0 = functools.partial(PolicyWorker.on_rank0, worker)
     merged = PolicyWorker.full_state_dict(worker)
     assert set(merged) == set(initial)  # exactly the base model's names: no lora_A/B, no base_layer
     for k, v in merged.items():

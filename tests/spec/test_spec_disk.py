@@ -125,7 +125,8 @@ def measure_checkpoints() -> None:
         port = s.getsockname()[1]
     out = {}
     for name, overrides in MEASURED.items():
-        spec = planned_spec(SHAPE + overrides)
+        # console verbose: a worker made in this process leaves its stdout (this function's answer) alone
+        spec = planned_spec(SHAPE + overrides + ["tracking.console=verbose"])
         role, cls = ("critic", CriticWorker) if "critic" in name else ("actor", PolicyWorker)
         w = cls(spec, role, 0, 1)
         w.init_distributed("127.0.0.1", port)

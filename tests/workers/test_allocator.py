@@ -27,7 +27,8 @@ def _restore(monkeypatch):
 
 def _spec(device: str, on: bool):
     return SimpleNamespace(device=device, train=SimpleNamespace(seed=0, expandable_segments=on, offload_optimizer=False,
-                                                                zero_stage=2))
+                                                                zero_stage=2),
+                           tracking=SimpleNamespace(console="verbose"))  # verbose: no worker log files
 
 
 def test_a_gpu_training_process_turns_expandable_segments_on_first():
