@@ -97,19 +97,25 @@ def pair_from_row(rec: Records, i: int, tokenizer: Any, data: DataSpec) -> Pair:
     return Pair(p, c, r)
 
 
+def _cut_prompt(prompt: list[int], longest: int, max_length: int, policy: str) -> list[int]:
+    """The prompt of a unit ``longest`` tokens long (prompt + its longest response) cut for
+    ``max_length``: left drops its first tokens (keeping one); right keeps the last half of a prompt
+    that would leave the responses no room (the responses are then cut at their end)."""
+    if policy == "left":
+        keep = max(len(prompt) - (longest - max_length), 1)
+        return prompt[len(prompt) - keep :]
+    if len(prompt) >= max_length:  # right: the responses need at least one token of room
+        return prompt[len(prompt) - max_length // 2 :]
+    return prompt
+
+
 def truncate_pair(pair: Pair, max_length: int, policy: str) -> tuple[Optional[Pair], int]:
     longest = len(pair.prompt) + max(len(pair.chosen), len(pair.rejected))
     if longest <= max_length:
         return pair, 0
     if policy == "drop" or max_length < 2:
         return None, longest
-    prompt = pair.prompt
-    if policy == "left":
-        over = longest - max_length
-        keep = max(len(prompt) - over, 1)
-        prompt = prompt[len(prompt) - keep :]
-    elif len(prompt) >= max_length:  # right: the responses need at least one token of room
-        prompt = prompt[len(prompt) - max_length // 2 :]
+    prompt = _cut_prompt(pair.prompt, longest, max_length, policy)
     room = max_length - len(prompt)
     out = Pair(prompt, pair.chosen[:room], pair.rejected[:room])
     if out.chosen == out.rejected:  # the difference was cut away
@@ -158,11 +164,7 @@ def truncate_unpaired(ex: Unpaired, max_length: int, policy: str) -> tuple[Optio
         return ex, 0
     if policy == "drop" or max_length < 2:
         return None, longest
-    prompt = ex.prompt
-    if policy == "left":
-        prompt = prompt[len(prompt) - max(len(prompt) - (longest - max_length), 1):]
-    elif len(prompt) >= max_length:
-        prompt = prompt[len(prompt) - max_length // 2:]
+    prompt = _cut_prompt(ex.prompt, longest, max_length, policy)
     return Unpaired(prompt, ex.completion[:max_length - len(prompt)], ex.desirable), longest - max_length
 
 
