@@ -1,6 +1,6 @@
-"""tests/durations.json from a junit report of the whole suite: the seconds each scheduling unit took
-(a file, or one test of a file that tests/conftest.py splits), which tests/conftest.py uses to send
-the longest units to the pytest-xdist workers first.
+"""tests/durations.json from a junit report of the whole suite: the seconds each test took (a
+module fixture's set-up counts in the first test that asked for it), which tests/conftest.py adds
+up per scheduling unit to send the longest units to the pytest-xdist workers first.
 
     .venv/bin/python -m pytest -n 2 --dist loadgroup --junitxml=outputs/suite.xml
     .venv/bin/python scripts/suite_durations.py outputs/suite.xml     # rewrites tests/durations.json
@@ -14,9 +14,6 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.conftest import _unit  # noqa: E402
-
 
 def nodeid(classname: str, name: str, root: Path) -> str:
     """pytest's node id of a junit testcase (classname ``tests.rl.test_x`` or ``tests.rl.test_x.Class``)."""
@@ -27,15 +24,15 @@ def nodeid(classname: str, name: str, root: Path) -> str:
     return f"{classname}::{name}"
 
 
-def unit_seconds(junit: Path, root: Path) -> dict[str, float]:
+def seconds_per_test(junit: Path, root: Path) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for case in ET.parse(junit).getroot().iter("testcase"):
-        totals[_unit(nodeid(case.get("classname", ""), case.get("name", ""), root))] += float(case.get("time") or 0)
+        totals[(nodeid(case.get("classname", ""), case.get("name", ""), root))] += float(case.get("time") or 0)
     return {k: round(v, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
 if __name__ == "__main__":
     root = Path(__file__).resolve().parents[1]
     out = root / "tests" / "durations.json"
-    out.write_text(json.dumps(unit_seconds(Path(sys.argv[1]), root), indent=1) + "\n")
+    out.write_text(json.dumps(seconds_per_test(Path(sys.argv[1]), root), indent=1) + "\n")
     print(f"wrote {out}")

@@ -71,30 +71,69 @@ def real_disk():
     """The disk check sees the real ``rlhf.plan.disk.available_bytes`` (see ``plenty_of_disk``)."""
 
 
-# -- scheduling over pytest-xdist workers (`make test`: -n 2 --dist loadgroup --no-loadscope-reorder)
+# -- scheduling over pytest-xdist workers (`make test`: -n N --dist loadgroup --no-loadscope-reorder)
 #
-# A file is one unit (its module fixtures, e.g. a shared training run, are built once), except the
-# files in SPLIT, whose tests share nothing costly and are units of their own. Units go out longest
-# first, by the seconds tests/durations.json measured (scripts/suite_durations.py writes it from a
-# junit report), so that the two workers end together instead of one finishing a long file alone.
-SPLIT = {"tests/rl/test_rl_learning.py"}
+# A unit (an xdist group, run by one worker) is a set of tests of one file that share a costly
+# fixture: tests joined by a module-, class- or package-scoped fixture (e.g. a shared training
+# run, built once) are one unit; a test that shares none is a unit of its own, so a long file's
+# independent tests spread over the workers. Fixtures in CHEAP are left out (they only check that
+# something already up is up). Units go out longest first, by the seconds tests/durations.json
+# measured for their tests (scripts/suite_durations.py writes it from a junit report; a test it
+# does not name weighs its file's mean), so that the workers end together.
+CHEAP = {"rl_env"}
+SHARED_SCOPES = {"module", "class", "package"}
 
 
-def _unit(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return nodeid if path in SPLIT else path
+def _shared_fixtures(item) -> set[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {name for name, defs in info.name2fixturedefs.items()
+            if name not in CHEAP and defs and defs[-1].scope in SHARED_SCOPES}
+
+
+def units_of(items) -> dict[str, str]:
+    """Node id → unit name: union-find, within each file, over the shared fixtures tests use."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        find(item.nodeid)
+        for name in _shared_fixtures(item):
+            a, b = find(item.nodeid), find(f"{path}::fixture:{name}")
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {item.nodeid: find(item.nodeid) for item in items}
 
 
 def pytest_collection_modifyitems(config, items):
     import json
+    from collections import Counter, defaultdict
     from pathlib import Path
 
     weights_file = Path(__file__).with_name("durations.json")
     seconds = json.loads(weights_file.read_text()) if weights_file.exists() else {}
-    units: dict[str, float] = {}
+    file_of = {item.nodeid: item.nodeid.split("::", 1)[0] for item in items}
+    known: dict[str, list[float]] = defaultdict(list)  # a file's measured tests
+    for nodeid, s in seconds.items():
+        known[nodeid.split("::", 1)[0]].append(s)
+    tests_in = Counter(file_of.values())
+
+    def mean(path: str) -> float:  # a key naming the file itself holds the whole file's seconds
+        if path in seconds:
+            return seconds[path] / tests_in[path]
+        return sum(known[path]) / len(known[path]) if known.get(path) else 1.0
+
+    unit_of = units_of(items)
+    weight: dict[str, float] = defaultdict(float)
     for item in items:
-        unit = _unit(item.nodeid)
-        units[unit] = seconds.get(unit, seconds.get(unit.split("[", 1)[0], 1.0))
-        item.add_marker(pytest.mark.xdist_group(unit))
-    order = {u: i for i, u in enumerate(sorted(units, key=lambda u: -units[u]))}
-    items.sort(key=lambda item: order[_unit(item.nodeid)])  # stable: a file keeps its own order
+        weight[unit_of[item.nodeid]] += seconds.get(item.nodeid) or mean(file_of[item.nodeid])
+        item.add_marker(pytest.mark.xdist_group(unit_of[item.nodeid]))
+    order = {u: i for i, u in enumerate(sorted(weight, key=lambda u: -weight[u]))}
+    items.sort(key=lambda item: order[unit_of[item.nodeid]])  # stable: a unit keeps its file's order
