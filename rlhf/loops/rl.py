@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from rlhf import algos
-from rlhf.algos import objective
+from rlhf.algos.objective import Objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
@@ -114,6 +114,7 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
         console.print(f"data: dropped {dropped} prompts longer than rollout.max_prompt_tokens="
                       f"{spec.rollout.max_prompt_tokens}")
     rewards = Rewards(spec.reward)
+    objective = Objective(algo)  # its registered parts looked up once, not every step
     kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
               else algos.FixedKLController(algo.kl.coef))
     schedule = make_schedule(spec, cluster)  # generation first: vLLM awake, DeepSpeed's states offloaded
@@ -210,7 +211,7 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
 
                 # ---- advantages
                 with ph("advantages"):
-                    adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples)
+                    adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples, objective)
 
                 # ---- update policy (and critic), then sync the rollout engines
                 with ph("update"):
@@ -427,13 +428,15 @@ def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- advantages + metrics
 
 
-def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
-    """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
+def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples,
+                   objective: Optional[Objective] = None) -> dict[str, float]:
+    """The objective's advantages (and returns for PPO) into ``batch`` (``objective``: the run's
+    ``rlhf.algos.objective.Objective``, made here if not given); its metrics."""
     mask = batch["response_mask"]
     ref = "ref_logp" in batch
     student_logp = batch["old_logp"] if "old_logp" in batch else batch.get("rollout_logp")
-    adv = objective.advantages(
-        spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
+    adv = (objective or Objective(spec.algo)).advantages(
+        scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
         max_response_tokens=spec.rollout.max_response_tokens, values=values,
         policy_logp=student_logp if ref else None,
         ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value,
