@@ -64,11 +64,6 @@ class PolicyWorker(TrainedWorker):
 
             self.objective = Objective(algo)
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """The current policy's log-probs of the response tokens, ``[B, R]`` (0 off the response)."""
-        self.engine.eval()
-        return self._packed_logprobs(self.engine.module, batch)
-
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA: the reference policy is the base model, i.e. this model with its adapters off."""
         module = self.engine.module
