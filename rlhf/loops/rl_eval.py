@@ -98,8 +98,8 @@ class Evaluator:
     def _score(self, samples: list[Sample]) -> torch.Tensor:
         if self.agent is not None:
             return self.agent.score(self.rows, samples, self.rewards, self.cluster, self.agent_prompt_ids)[0]
-        scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards, self.cluster,
-                                  self.prompt_ids)
+        scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards,
+                                  self.cluster.reward_model, self.prompt_ids)
         return scores
 
     def run(self) -> dict[str, float]:
