@@ -33,8 +33,7 @@ from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.launch.cluster import Cluster
 from rlhf.launch.group import ActorGroup
 from rlhf.quoting import resume_command
-from rlhf.rewards import RewardError, Rewards
-from rlhf.rewards.scoring import score_samples
+from rlhf.rewards import RewardError, Rewards, score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.spec.runspec import RunSpec

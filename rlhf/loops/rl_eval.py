@@ -37,7 +37,7 @@ import torch
 
 from rlhf.data.prompts import read_rows, tokenize_prompts
 from rlhf.launch.cluster import Cluster
-from rlhf.rewards.scoring import score_samples
+from rlhf.rewards import score_samples
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.rollout.generate import generate
 from rlhf.spec.runspec import RunSpec
