@@ -162,7 +162,7 @@ class PolicyWorker(TrainedWorker):
         sums["perf/micro_batch_tokens_max"] = float(max(mb["real_index"].numel() for mb in micro_batches))
         return {**sums, **self.memory_peaks()}
 
-    # -- GPU weight sync (the driver's side: rlhf.workers.sync.CudaTransport); every rank calls both
+    # -- GPU weight sync (the driver's side: rlhf.workers.schedule.CudaTransport); every rank calls both
     def gpu_sync_setup(self, engines: Sequence[Any]) -> float:
         """This rank's sender for the run's placement, given the rollout engines; seconds to set up."""
         self.sender = sender_for(self.spec, engines, self.rank)
