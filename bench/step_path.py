@@ -8,11 +8,14 @@ How: the run is ``rlhf-run train.steps=3`` in a child process whose ``PYTHONPATH
 directory holding a ``sitecustomize.py``, which Python imports at the start of every process
 (the driver, and the Ray workers, which inherit the driver's ``PYTHONPATH``: rlhf/launch/group.py).
 It installs ``sys.setprofile`` (and ``threading.setprofile``) with a hook that notes, for every
-Python function call whose code lives in ``rlhf/``, the file and the wall-clock time in 10 ms
-buckets, appended to one file per process. The driver's notes also mark when each step's
-``Phases`` is made (``rlhf/loops/rl.py``: the first line of every step). The step measured is
-the second of three: from its ``Phases`` to the third's, so neither the first step's warm-up nor
-the last step's export counts. A file is on the path when any process entered it in that window.
+Python function call whose code lives in ``rlhf/``, the file and the wall-clock time of its first
+call in each 10 ms, appended to one file per process. The driver's notes also mark when each
+step's ``Phases`` is made (``rlhf/loops/rl.py``: the first line of every step), and the mark
+starts the 10 ms over: the first call of every file after it is noted, so that a step's last
+calls (its metrics line, a few ms before the next mark) count in that step and not in the next.
+The step measured is the second of three: from its ``Phases`` to the third's, so neither the
+first step's warm-up nor the last step's export counts. A file is on the path when any process
+entered it in that window.
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ def install(out_dir: str) -> None:
         rel = f[cut:]
         t = time.time()
         if rel.endswith(STEP_MARK[0]) and code.co_name == STEP_MARK[1] and "Phases" in code.co_qualname:
+            seen.clear()  # a step's first calls are noted even in the 10 ms of the last step's end
             out.write(f"STEP {t:.6f}\n")
         key = (rel, int(t / BUCKET), code.co_qualname if detail else "")
         if key not in seen:
             seen.add(key)
-            out.write(f"{rel} {key[1]} {key[2]}\n".rstrip() + "\n")
+            out.write(f"{rel} {t:.6f} {key[2]}\n".rstrip() + "\n")
 
     sys.setprofile(hook)
     threading.setprofile(hook)
@@ -73,22 +77,22 @@ def files_in_step(trace_dir: Path, step: int = 2) -> dict[str, dict[str, set[str
     """file -> process (``pid``) -> the functions it ran there (empty unless noted) during step
     ``step`` (1-based), for every file some process entered in that step."""
     marks: list[float] = []
-    events: dict[str, list[tuple[str, int, str]]] = {}
+    events: dict[str, list[tuple[str, float, str]]] = {}
     for p in trace_dir.glob("*.txt"):
         for line in p.read_text().splitlines():
             parts = line.split(" ")
             if parts[0] == "STEP":
                 marks.append(float(parts[1]))
             else:
-                events.setdefault(p.stem, []).append((parts[0], int(parts[1]), parts[2] if len(parts) > 2 else ""))
+                events.setdefault(p.stem, []).append((parts[0], float(parts[1]), parts[2] if len(parts) > 2 else ""))
     marks.sort()
     if len(marks) < step + 1:
         raise SystemExit(f"the run made {len(marks)} steps; step {step} needs {step + 1} marks")
-    lo, hi = int(marks[step - 1] / BUCKET), int(marks[step] / BUCKET)
+    lo, hi = marks[step - 1], marks[step]
     out: dict[str, dict[str, set[str]]] = {}
     for pid, evs in events.items():
-        for rel, b, fn in evs:
-            if lo <= b < hi:
+        for rel, t, fn in evs:
+            if lo <= t < hi:
                 fns = out.setdefault(rel, {}).setdefault(pid, set())
                 if fn:
                     fns.add(fn)

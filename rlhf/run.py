@@ -54,12 +54,9 @@ class StopRequest:
     """
 
     def __init__(self):
-        self.signum: Optional[int] = None
+        self.signum: Optional[int] = None  # the first signal's
+        self.requested = False  # read after every step: a plain attribute, set with ``signum``
         self._old: dict[int, Any] = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
 
     def exception(self) -> KeyboardInterrupt:
         return Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
@@ -67,7 +64,7 @@ class StopRequest:
     def _handler(self, signum, frame):
         if self.signum is not None:
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-        self.signum = signum
+        self.signum, self.requested = signum, True
         name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         # os.write: a signal handler must not re-enter a buffered stream that may be mid-write
         os.write(2, f"\n{name}: stopping after this step, with a checkpoint of it "

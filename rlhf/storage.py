@@ -169,18 +169,29 @@ def writing(path: str | os.PathLike, what: str, run_dir: str | os.PathLike, need
             cleanup()
         raise
     except Exception as e:
-        kind = kind_of(e, run_dir)
-        if kind is None:
+        error = refused(e, path, what, run_dir, needs, needs_what, cleanup)
+        if error is None:
             raise
-        free = free_bytes(path)  # before cleanup gives the partial write's space back
-        if kind == "write-failed" and free is not None and free < max(needs or 0, LOW_SPACE):
-            kind = "full"
-        if cleanup is not None:
-            try:
-                cleanup()
-            except OSError:
-                pass
-        raise StorageError(message(kind, what, path, run_dir, reason_of(e), needs, needs_what, free)) from None
+        raise error from None
+
+
+def refused(e: Exception, path: str | os.PathLike, what: str, run_dir: str | os.PathLike, needs: Optional[int] = None,
+            needs_what: str = "", cleanup: Optional[Callable[[], None]] = None) -> Optional[StorageError]:
+    """The StorageError for ``e``, raised by a write of ``what`` to ``path``, after ``cleanup``; None
+    when ``e`` is no refused write. What ``writing`` raises, for a writer that catches the error
+    itself (``rlhf.track.metrics_file``: a line every step, with nothing to do here unless it fails)."""
+    kind = kind_of(e, run_dir)
+    if kind is None:
+        return None
+    free = free_bytes(path)  # before cleanup gives the partial write's space back
+    if kind == "write-failed" and free is not None and free < max(needs or 0, LOW_SPACE):
+        kind = "full"
+    if cleanup is not None:
+        try:
+            cleanup()
+        except OSError:
+            pass
+    return StorageError(message(kind, what, path, run_dir, reason_of(e), needs, needs_what, free))
 
 
 def uncaught(e: BaseException, run_dir: str | os.PathLike) -> Optional[str]:

@@ -26,7 +26,7 @@ HOPS = [
     ("rlhf/launch/group.py", "ActorGroup.scatter_async", "remote"),
     ("rlhf/launch/group.py", "Host.call", "workers"),  # the colocated host (CPU hybrid) calls its worker
     ("rlhf/workers/policy.py", "PolicyWorker.update", "policy_loss_terms"),
-    ("rlhf/algos/objective.py", "policy_loss_terms", "POLICY_LOSSES"),
+    ("rlhf/algos/objective.py", "Objective.policy_loss_terms", "policy_loss"),
     ("rlhf/algos/losses.py", "clipped_policy_loss", "policy_loss"),
 ]
 

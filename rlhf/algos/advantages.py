@@ -18,7 +18,7 @@ masked positions and have dtype at least float32 (float64 inputs stay float64).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union, Sequence
+from typing import Callable, Optional, Tuple, Union, Sequence
 
 import torch
 
@@ -424,7 +424,7 @@ def rloo_estimator(x: AdvantageInputs) -> Tuple[torch.Tensor, Optional[torch.Ten
 
 @torch.no_grad()
 def compute_advantages(
-    estimator: str,
+    estimator: Union[str, Callable[[AdvantageInputs], Tuple[torch.Tensor, Optional[torch.Tensor]]]],
     *,
     mask: torch.Tensor,
     scores: Optional[torch.Tensor] = None,
@@ -435,7 +435,8 @@ def compute_advantages(
     lam: float = 1.0,
     normalize_std: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Run the estimator registered as ``estimator`` (``rlhf.algos.registry``); returns
+    """Run the estimator registered as ``estimator`` (``rlhf.algos.registry``; or the registered
+    function itself, as ``rlhf.algos.objective.Objective`` looks it up once); returns
     ``(advantages [B, T], returns [B, T] or None)``. The inputs are those of
     :class:`AdvantageInputs`.
 
@@ -452,7 +453,8 @@ def compute_advantages(
 
     ``returns`` is only produced by ``"gae"`` among the built-ins (None otherwise).
     """
-    fn = ADVANTAGE_ESTIMATORS.get(estimator)  # RegistryError (a ValueError) for an unknown name
+    # a name: RegistryError (a ValueError) when unknown
+    fn = ADVANTAGE_ESTIMATORS.get(estimator) if isinstance(estimator, str) else estimator
     if token_rewards is not None and token_rewards.shape != mask.shape:
         raise ValueError("token_rewards must have the same shape as mask")
     return fn(AdvantageInputs(mask=mask, scores=scores, token_rewards=token_rewards, values=values,

@@ -3,7 +3,7 @@ log-probs are from the trainer's (``logprob_mismatch``: any engine, measured in 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
@@ -35,7 +35,7 @@ def k3(log_ratio: torch.Tensor, clamp: Optional[float]) -> torch.Tensor:
 def kl_penalty(
     logp: torch.Tensor,
     ref_logp: torch.Tensor,
-    estimator: str = "k1",
+    estimator: Union[str, Callable[[torch.Tensor, Optional[float]], torch.Tensor]] = "k1",
     clamp: Optional[float] = 10.0,
     mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
@@ -43,7 +43,8 @@ def kl_penalty(
 
     From J. Schulman, "Approximating KL Divergence" (2020). With
     ``x = log_ratio = logp - ref_logp`` (i.e. ``r = pi_ref / pi = exp(-x)``), ``estimator`` names
-    a KL estimator of ``rlhf.algos.registry``; the built-ins::
+    a KL estimator of ``rlhf.algos.registry`` (or is the registered function, looked up once by
+    ``rlhf.algos.objective.Objective``); the built-ins::
 
         k1 = x                       (unbiased, high variance, can be negative)
         k2 = 0.5 * x^2               (biased, low variance, >= 0)
@@ -55,7 +56,8 @@ def kl_penalty(
     ``mask == 0`` (values there are ignored even if non-finite). Shape of the
     inputs (e.g. ``[B, T]``) is kept. Differentiable w.r.t. ``logp``.
     """
-    fn = KL_ESTIMATORS.get(estimator)  # RegistryError (a ValueError) for an unknown name
+    # a name: RegistryError (a ValueError) when unknown
+    fn = KL_ESTIMATORS.get(estimator) if isinstance(estimator, str) else estimator
     x = logp - ref_logp
     if mask is not None:
         x = torch.where(mask != 0, x, torch.zeros_like(x))

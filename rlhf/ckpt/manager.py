@@ -143,6 +143,11 @@ class CheckpointManager:
         """Save after ``step`` (1-based count of finished steps)? Always at the end."""
         return step == last_step or (self.every > 0 and step % self.every == 0)
 
+    def next_due(self, after: int, last_step: int) -> int:
+        """The first step after step ``after`` that ``due`` saves at: a loop asks once per save
+        instead of every step."""
+        return min(last_step, (after // self.every + 1) * self.every) if self.every > 0 else last_step
+
     def begin(self, step: int) -> Path:
         """A fresh temporary directory to write checkpoint ``step`` into."""
         tmp = self.root / (step_dir_name(step) + ".tmp")

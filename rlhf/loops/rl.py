@@ -26,14 +26,14 @@ from typing import Any, Optional
 import torch
 
 from rlhf import algos
-from rlhf.algos import objective
+from rlhf.algos.objective import Objective
 from rlhf.ckpt import training as ckpt_io
 from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.launch.cluster import Cluster
+from rlhf.launch.group import ActorGroup
 from rlhf.quoting import resume_command
-from rlhf.rewards import RewardError, Rewards
-from rlhf.rewards.scoring import score_samples
+from rlhf.rewards import RewardError, Rewards, score_samples
 from rlhf.rollout.engine import Sample
 from rlhf.rollout.generate import generate, sampling_for
 from rlhf.spec.runspec import RunSpec
@@ -114,6 +114,7 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
         console.print(f"data: dropped {dropped} prompts longer than rollout.max_prompt_tokens="
                       f"{spec.rollout.max_prompt_tokens}")
     rewards = Rewards(spec.reward)
+    objective = Objective(algo)  # its registered parts looked up once, not every step
     kl_ctl = (algos.AdaptiveKLController(algo.kl.coef, algo.kl.target, algo.kl.horizon) if algo.kl.adaptive
               else algos.FixedKLController(algo.kl.coef))
     schedule = make_schedule(spec, cluster)  # generation first: vLLM awake, DeepSpeed's states offloaded
@@ -165,6 +166,10 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
     from rlhf.run import StopRequest
 
     stop = StopRequest().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint it, then stop
+    # the role groups a step calls, looked up once (the cluster's properties find them by role name)
+    actor, critic, teacher = cluster.actor, cluster.critic, cluster.teacher
+    engines, reward_model = cluster.rollout.workers, cluster.reward_model
+    next_save = ckpt.next_due(start, spec.train.steps)  # the step the next checkpoint follows
     try:
         with lean_driver(spec):  # the step loop's driver: no GC scans of setup objects, one thread on GPU
             for step in range(start, spec.train.steps):
@@ -175,7 +180,8 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
                 # ---- generate + reward (dynamic sampling keeps only groups that teach something)
                 try:
                     rows, prompt_ids, samples, scores, parts, ds_stats = sample_step(
-                        spec, step, data, tokenizer, cluster, rewards, ph, prefetch, agent)
+                        spec, step, data, tokenizer, cluster, rewards, ph, prefetch, agent, engines=engines,
+                        reward_model=reward_model)
                 except RewardError as e:
                     raise keep_steps_done(e, spec, step, start, cluster, data, data_before, ckpt, kl_ctl, history,
                                           run_dir, console) from None
@@ -196,32 +202,32 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
                 if use_ref:
                     with ph("reference"):
                         batch["ref_logp"] = dp_forward(*reference, batch)
-                if cluster.teacher is not None:  # on-policy distillation: the teacher scores the samples
+                if teacher is not None:  # on-policy distillation: the teacher scores the samples
                     with ph("teacher"):
-                        batch["teacher_logp"] = dp_forward(cluster.teacher, TeacherWorker.logprobs, batch)
+                        batch["teacher_logp"] = dp_forward(teacher, TeacherWorker.logprobs, batch)
                 if need_old_logp:
                     with ph("old_logp"):
-                        batch["old_logp"] = dp_forward(cluster.actor, PolicyWorker.logprobs, batch)
+                        batch["old_logp"] = dp_forward(actor, PolicyWorker.logprobs, batch)
                 values = None
-                if cluster.critic is not None:
+                if critic is not None:
                     with ph("critic"):
-                        values = dp_forward(cluster.critic, CriticWorker.values, batch)
+                        values = dp_forward(critic, CriticWorker.values, batch)
                         batch["old_values"] = values
 
                 # ---- advantages
                 with ph("advantages"):
-                    adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples)
+                    adv_metrics = add_advantages(spec, batch, scores, values, kl_ctl, samples, objective)
 
                 # ---- update policy (and critic), then sync the rollout engines
                 with ph("update"):
                     plans = update_plan(spec, batch, step)
-                    refs = scatter_update(cluster.actor, PolicyWorker.update, batch, plans, spec)
-                    if cluster.critic is not None:
-                        refs_c = scatter_update(cluster.critic, CriticWorker.update, batch, plans, spec)
+                    refs = scatter_update(actor, PolicyWorker.update, batch, plans, spec)
+                    if critic is not None:
+                        refs_c = scatter_update(critic, CriticWorker.update, batch, plans, spec)
                     if prefetch is not None:  # async: the engines sample the next steps during this update
                         prefetch.launch_ahead(step)
                     actor_stats = combine(_get(refs))
-                    critic_stats = combine(_get(refs_c)) if cluster.critic is not None else {}
+                    critic_stats = combine(_get(refs_c)) if critic is not None else {}
                     if prefetch is not None:
                         prefetch.update_done()
                 if kl_in_reward:
@@ -259,7 +265,9 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
                     tracker.log(n, m)
                 console.step(n, m)
                 saving = dict(ckpt=ckpt, kl_ctl=kl_ctl, history=history, run_dir=run_dir, console=console)
-                maybe_checkpoint(spec, step, cluster, data, **saving)
+                maybe_checkpoint(spec, step, cluster, data, due=n == next_save, **saving)
+                if n == next_save:
+                    next_save = ckpt.next_due(n, spec.train.steps)
                 if stop.requested and step + 1 < spec.train.steps:  # a signal came during this step
                     if ckpt.last_saved != step + 1:
                         maybe_checkpoint(spec, step, cluster, data, force=True, **saving)
@@ -281,9 +289,12 @@ def run(spec: RunSpec, cluster: Cluster, tracker: Tracker, console: Console, run
 # ----------------------------------------------------------------------------- generation + reward
 
 
-def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards, ph, prefetch=None, agent=None):
+def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards, ph, prefetch=None, agent=None, *,
+                engines: list, reward_model: Optional[ActorGroup]):
     """Rows, prompt ids, samples and scores of exactly ``prompts_per_step`` groups (``agent``: an
-    ``rlhf.agent.rollout.AgentRollout`` rolls the prompts out as chats with tool calls).
+    ``rlhf.agent.rollout.AgentRollout`` rolls the prompts out as chats with tool calls). ``engines``:
+    the rollout workers' handles; ``reward_model``: its group, or None (the cluster's, looked up
+    once by the loop).
 
     With ``algo.dynamic_sampling`` (DAPO) groups whose scores are all equal are dropped and more
     prompts are drawn, up to 4 rounds; if still short, dropped groups fill the batch (their
@@ -305,7 +316,7 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards,
             if agent is not None:  # the chat template renders the prompts; ids come back with the trajectories
                 samples, prompt_ids, agent_stats = agent.run(rows, sampling_for(spec, step, r * P, len(rows)))
             elif ahead is None:
-                samples = generate(cluster.rollout.workers, prompt_ids, sampling_for(spec, step, r * P, len(prompt_ids)))
+                samples = generate(engines, prompt_ids, sampling_for(spec, step, r * P, len(prompt_ids)))
             if spec.env.fn is not None:  # multi-turn (rlhf.envs): the environment answers and scores
                 from rlhf.envs.rollout import env_rollout
 
@@ -317,7 +328,7 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards,
             elif agent is not None:
                 scores, parts = agent.score(rows, samples, rewards, cluster, prompt_ids)
             else:
-                scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, cluster, prompt_ids)
+                scores, parts = score_samples(spec, rows, samples, tokenizer, rewards, reward_model, prompt_ids)
         keep = torch.ones(len(samples), dtype=torch.bool)
         if spec.algo.dynamic_sampling:
             keep, _ = algos.dynamic_sampling_filter(scores, G)
@@ -427,13 +438,15 @@ def combine(stats: list[dict[str, tuple[float, float]]]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- advantages + metrics
 
 
-def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples) -> dict[str, float]:
-    """The objective's advantages (and returns for PPO) into ``batch`` (rlhf.algos.objective); its metrics."""
+def add_advantages(spec: RunSpec, batch: Batch, scores: torch.Tensor, values, kl_ctl, samples,
+                   objective: Optional[Objective] = None) -> dict[str, float]:
+    """The objective's advantages (and returns for PPO) into ``batch`` (``objective``: the run's
+    ``rlhf.algos.objective.Objective``, made here if not given); its metrics."""
     mask = batch["response_mask"]
     ref = "ref_logp" in batch
     student_logp = batch["old_logp"] if "old_logp" in batch else batch.get("rollout_logp")
-    adv = objective.advantages(
-        spec.algo, scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
+    adv = (objective or Objective(spec.algo)).advantages(
+        scores=scores, mask=mask, truncated=torch.tensor([s.finish_reason == "length" for s in samples]),
         max_response_tokens=spec.rollout.max_response_tokens, values=values,
         policy_logp=student_logp if ref else None,
         ref_logp=batch["ref_logp"] if ref else None, kl_coef=kl_ctl.value,
@@ -476,14 +489,18 @@ def step_metrics(spec: RunSpec, samples: list[Sample], scores: torch.Tensor, par
 
 
 def maybe_checkpoint(spec: RunSpec, step: int, cluster: Cluster, data: Any, ckpt=None, kl_ctl=None, history=None,
-                     run_dir: Optional[str] = None, console: Optional[Console] = None, force: bool = False) -> None:
+                     run_dir: Optional[str] = None, console: Optional[Console] = None, force: bool = False,
+                     due: Optional[bool] = None) -> None:
     """Checkpoint hook: the full training state every ``checkpoint.every`` steps, at the end and
     when ``force`` (a stop on Ctrl-C / SIGTERM) (``rlhf.ckpt.training``), and the final HF export
-    ``<run_dir>/final/hf`` at the end."""
+    ``<run_dir>/final/hf`` at the end. ``due``: whether ``ckpt`` saves after this step (the loop
+    knows its next save, ``CheckpointManager.next_due``), asked of ``ckpt`` when not given."""
     if ckpt is None:
         return
     done, last = step + 1, spec.train.steps
-    if ckpt.due(done, last) or force:
+    if due is None:
+        due = ckpt.due(done, last)
+    if due or force:
         state = {"step": done, "data": data.state_dict(), "kl": kl_ctl.state_dict(), "history": list(history)}
         path = ckpt_io.save(spec, ckpt, done, cluster, state, metrics=history[-1] if history else None)
         if console is not None:

@@ -37,7 +37,7 @@ import torch
 
 from rlhf.data.prompts import read_rows, tokenize_prompts
 from rlhf.launch.cluster import Cluster
-from rlhf.rewards.scoring import score_samples
+from rlhf.rewards import score_samples
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.rollout.generate import generate
 from rlhf.spec.runspec import RunSpec
@@ -98,8 +98,8 @@ class Evaluator:
     def _score(self, samples: list[Sample]) -> torch.Tensor:
         if self.agent is not None:
             return self.agent.score(self.rows, samples, self.rewards, self.cluster, self.agent_prompt_ids)[0]
-        scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards, self.cluster,
-                                  self.prompt_ids)
+        scores, _ = score_samples(self.spec, self.rows, samples, self.tokenizer, self.rewards,
+                                  self.cluster.reward_model, self.prompt_ids)
         return scores
 
     def run(self) -> dict[str, float]:

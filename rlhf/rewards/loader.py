@@ -1,6 +1,12 @@
-"""Score batches with the configured reward functions (see the package docstring); where they
-run is an executor: a process of their own (``rlhf.rewards.isolated``, ``reward.isolate=true``) or a
-thread of the driver (``ThreadExecutor``)."""
+"""A step's samples to scores: the configured reward functions (see the package docstring) on
+the decoded texts, weighted, plus the reward model's score (``score_samples``).
+
+Where a function runs is an executor: a process of its own (``rlhf.rewards.isolated``) or a thread
+of the driver (``ThreadExecutor``). ``reward.isolate`` chooses: true, the process for every
+function; false, the driver for every one; auto (the default), the driver for the project's own
+functions (``rlhf.*`` modules: ``rlhf.rewards.builtin``, ``rlhf.rewards.math``, ...; pure Python
+shipped and tested with the package) and the process for the user's.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +22,22 @@ from rlhf.rewards.isolated import ProcessExecutor
 from rlhf.spec.errors import UserError
 
 if TYPE_CHECKING:
+    import torch
+
+    from rlhf.launch.group import ActorGroup
+    from rlhf.rollout.engine import Sample
+    from rlhf.spec.runspec import RunSpec
     from rlhf.spec.schema import RewardSpec
 
-__all__ = ["RewardError", "RewardFunction", "Rewards", "ThreadExecutor", "load_function"]
+__all__ = ["RewardError", "RewardFunction", "Rewards", "ThreadExecutor", "load_function", "project_function",
+           "score_samples"]
+
+
+def project_function(ref: str) -> bool:
+    """Whether ``ref`` names a function of this package by module (``rlhf.rewards.builtin:keymap_reward``),
+    which ``reward.isolate=auto`` runs in the driver; a file path is the user's, wherever it is."""
+    module = ref.rpartition(":")[0]
+    return module == "rlhf" or module.startswith("rlhf.")
 
 
 def _submit_daemon(fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
@@ -69,7 +88,7 @@ class ThreadExecutor:
 class RewardFunction:
     name: str
     ref: str
-    fn: Optional[Callable]  # set for what runs in the driver (the remote client); user functions: by ref
+    fn: Optional[Callable]  # what runs in the driver's threads (the project's own); None: the executor's, by ref
     weight: float
     timeout_s: Optional[float] = -1.0  # -1: reward.timeout_s; None: no limit (the callee bounds itself)
     takes: Optional[tuple[str, ...]] = None  # the metadata names it takes; None: all (**metadata)
@@ -79,15 +98,20 @@ class Rewards:
     """The configured reward functions; ``score`` returns the weighted total and each part.
 
     ``executor``: where the user's functions run; by default a process of their own
-    (``ProcessExecutor``) unless ``reward.isolate=false`` (``ThreadExecutor``). ``close()`` ends it."""
+    (``ProcessExecutor``, started at its first function: not at all when every function is the
+    project's own under ``reward.isolate=auto``) unless ``reward.isolate=false`` (``ThreadExecutor``).
+    ``close()`` ends it."""
 
     def __init__(self, reward_spec: RewardSpec, executor: Optional[Any] = None, remote: bool = True):
         self.timeout_s = reward_spec.timeout_s
+        isolate = getattr(reward_spec, "isolate", "auto")
         if executor is None:
-            executor = (ProcessExecutor(getattr(reward_spec, "memory_gb", None))
-                        if getattr(reward_spec, "isolate", True) else ThreadExecutor())
+            executor = (ThreadExecutor() if isolate is False
+                        else ProcessExecutor(getattr(reward_spec, "memory_gb", None)))
         self.executor = executor
-        self._driver = ThreadExecutor()  # the remote reward's client: the project's own code
+        # what runs in the driver's threads, the project's own code: the remote reward's client, and
+        # with reward.isolate=auto the package's reward functions
+        self._driver = ThreadExecutor()
         self.functions: list[RewardFunction] = []
         try:
             seen: dict[str, int] = {}
@@ -95,8 +119,12 @@ class Rewards:
                 base = f.name or f.fn.rpartition(":")[2]
                 seen[base] = seen.get(base, 0) + 1
                 name = base if seen[base] == 1 else f"{base}_{seen[base]}"
-                self.functions.append(RewardFunction(name, f.fn, None, float(f.weight),
-                                                     takes=self.executor.load(f.fn)))
+                if isolate == "auto" and project_function(f.fn):
+                    fn = load_function(f.fn)
+                    self.functions.append(RewardFunction(name, f.fn, fn, float(f.weight), takes=accepted(fn)))
+                else:
+                    self.functions.append(RewardFunction(name, f.fn, None, float(f.weight),
+                                                         takes=self.executor.load(f.fn)))
         except BaseException:
             self.executor.close()
             raise
@@ -149,3 +177,29 @@ class Rewards:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def score_samples(spec: RunSpec, rows: list[dict], samples: list[Sample], tokenizer, rewards: Rewards,
+                  reward_model: Optional[ActorGroup], prompt_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
+    """Scores ``[len(samples)]``: the weighted reward functions on the decoded texts (with the rows'
+    other columns as metadata) plus ``reward.model_weight`` × the reward model (``reward_model``,
+    the cluster's group, None without one); and each part."""
+    import torch  # here: the reward server and the preflight import this module without the trainer's stack
+
+    prompts = [tokenizer.decode(prompt_ids[s.prompt_index], skip_special_tokens=True) for s in samples]
+    responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    keys = [k for k in rows[0] if k != spec.data.prompt_key]
+    metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in keys}
+    metadata["finish_reasons"] = [s.finish_reason for s in samples]
+    total, parts = rewards.score(prompts, responses, metadata) if rewards.functions else ([0.0] * len(samples), {})
+    scores = torch.tensor(total, dtype=torch.float32)
+    if reward_model is not None:
+        from rlhf.data.batch import collate, dp_forward
+        from rlhf.workers.frozen import RewardModelWorker
+
+        batch = collate([prompt_ids[s.prompt_index] for s in samples], [s.response_ids for s in samples],
+                        tokenizer.pad_token_id, spec.rollout.max_response_tokens)
+        rm = dp_forward(reward_model, RewardModelWorker.scores, batch)
+        parts["model"] = rm.tolist()
+        scores = scores + spec.reward.model_weight * rm
+    return scores, parts

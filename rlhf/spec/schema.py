@@ -486,10 +486,12 @@ class RewardSpec(Frozen):
     model_revision: Optional[str] = doc(None, "model_path's branch, tag or commit when it is a Hub id.")
     model_weight: float = doc(1.0, "The reward model's weight in the summed reward.")
     timeout_s: float = doc(60.0, "Seconds a reward function may take before it counts as hung.")
-    isolate: bool = doc(True, "Run the reward functions in a process of their own, so that a crash, os._exit, "
-                        "sys.exit or running out of memory in one is one line naming it and the run stops cleanly "
-                        "(steps done checkpointed); false: in the driver itself (a debugger's breakpoint works "
-                        "there, a crash takes the driver with it).")
+    isolate: Any = doc("auto", "auto | true | false. true: run the reward functions in a process of their own, "
+                       "so that a crash, os._exit, sys.exit or running out of memory in one is one line naming it "
+                       "and the run stops cleanly (steps done checkpointed); false: in the driver itself (a "
+                       "debugger's breakpoint works there, a crash takes the driver with it); auto: yours in the "
+                       "process, the project's own (rlhf.* modules, e.g. rlhf.rewards.math:arith_reward) in the "
+                       "driver.")
     memory_gb: Optional[float] = doc(None, "The reward process's memory cap in GB (RLIMIT_DATA; with "
                                      "reward.isolate): an allocation past it raises MemoryError inside the function. "
                                      "None = half this machine's memory; 0 = no cap.")

@@ -33,11 +33,16 @@ class MetricsFile:
         data = (json.dumps(row) + "\n").encode()
         self._check_still_there()
         end = os.lseek(self._fd, 0, os.SEEK_END)
-        with storage.writing(self.path, "the metrics", self.run_dir,
-                             needs=len(data), cleanup=lambda: self._cut(end)):
+        try:
             view = memoryview(data)
             while view:
                 view = view[_write(self._fd, view):]
+        except Exception as e:  # storage.writing's line; rlhf.storage is needed only when a write fails
+            error = storage.refused(e, self.path, "the metrics", self.run_dir, needs=len(data),
+                                    cleanup=lambda: self._cut(end))
+            if error is None:
+                raise
+            raise error from None
 
     def _cut(self, size: int) -> None:
         os.ftruncate(self._fd, size)

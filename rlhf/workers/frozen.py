@@ -11,7 +11,8 @@ from rlhf.workers.model import ModelWorker, ds_config
 
 
 class ReferenceWorker(ModelWorker):
-    """The frozen initial policy: log-probabilities for the KL term (ZeRO-3 sharded if the run is)."""
+    """The frozen initial policy: log-probabilities for the KL term (``ModelWorker.logprobs``; ZeRO-3
+    sharded if the run is)."""
 
     def uses_deepspeed(self) -> bool:
         return self.spec.train.zero_stage == 3
@@ -34,9 +35,6 @@ class ReferenceWorker(ModelWorker):
             engine, *_ = deepspeed.initialize(model=model, config=cfg)
             return engine
         return model.to(self.torch_device())
-
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._packed_logprobs(getattr(self.module, "module", self.module), batch)
 
 
 class TeacherWorker(ReferenceWorker):

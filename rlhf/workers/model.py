@@ -121,18 +121,27 @@ class ModelWorker(Worker):
         partitioned (ZeRO-3, several ranks) each ``packed`` also holds ``head_rows``, the most head
         rows any rank has in that micro-batch (``rlhf.workers.zero3.equal_head_rows``), agreed here
         in one collective instead of one per head pass."""
-        from rlhf.workers.zero3 import padded_head
-
         plen, rlen = real_lengths(batch)
         n = (plen + rlen).tolist()
         groups = token_groups(n, self.spec.train.max_tokens_per_micro_batch)
         groups = largest_first(split_to_count(groups, n, self._max_over_ranks(len(groups))), n)
         out = [(rows, pack(batch, rows)) for rows in groups]
-        if padded_head(hf_model(self._fn_module()).get_output_embeddings()):
+        if self._pads_head():
             most = self._max_each_over_ranks([len((p if rows else self._stand_in(p))["targets"]) for rows, p in out])
             for (_, p), m in zip(out, most):
                 p["head_rows"] = m
         return out
+
+    _head_padded: Optional[bool] = None
+
+    def _pads_head(self) -> bool:
+        """Whether every rank must call the LM head as many times (``rlhf.workers.zero3.padded_head``:
+        a ZeRO-3 head over several ranks). Asked once: the head's partitioning is set with the model."""
+        if self._head_padded is None:
+            from rlhf.workers.zero3 import padded_head
+
+            self._head_padded = padded_head(hf_model(self._fn_module()).get_output_embeddings())
+        return self._head_padded
 
     def _max_over_ranks(self, value: int) -> int:
         return self._max_each_over_ranks([value])[0]
@@ -164,14 +173,17 @@ class ModelWorker(Worker):
         """Log-probs (and entropy) of a packed micro-batch's response tokens, flat ``[M]``,
         from the hidden states (rlhf.algos.logprobs_from_hidden: no [B, T, V] logits)."""
         from rlhf.algos import logprobs_from_hidden
-        from rlhf.workers.zero3 import equal_head_rows
 
         model = hf_model(module)
         dev = self.torch_device()
         hidden = self._hidden(model, packed)[packed["pred_index"].to(dev, non_blocking=True)]
         head = model.get_output_embeddings()
         targets = packed["targets"].to(dev, non_blocking=True)
-        hidden, targets, n = equal_head_rows(hidden, targets, head, packed.get("head_rows"))
+        n = hidden.shape[0]
+        if self._pads_head():
+            from rlhf.workers.zero3 import equal_head_rows
+
+            hidden, targets, n = equal_head_rows(hidden, targets, head, packed.get("head_rows"))
         lp, ent = logprobs_from_hidden(hidden, head, targets, self.temperature, with_entropy,
                                        vocab=model.config.vocab_size, compile=self.spec.train.compile_logprobs)
         return lp[:n], (ent[:n] if ent is not None else None)
@@ -190,6 +202,13 @@ class ModelWorker(Worker):
 
     def _packed_logprobs(self, module, batch: Batch) -> torch.Tensor:
         return self.per_token(batch, lambda p: self._token_logprobs(module, p)[0])
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """The model's log-probs of the response tokens, ``[B, R]`` (0 off the response), in eval
+        mode: the policy's before its update (``old_logp``), the reference's, the teacher's."""
+        module = self._fn_module()
+        (getattr(self, "engine", None) or module).eval()  # a DeepSpeed engine's mode is its module's
+        return self._packed_logprobs(module, batch)
 
     # -- checkpoints (rlhf.ckpt.training): the DeepSpeed state (weights, optimizer, scheduler) and
     #    this process's RNG under <checkpoint dir>/<role>/; every rank calls (the save is collective)

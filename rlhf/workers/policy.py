@@ -23,6 +23,7 @@ from rlhf.workers.sync_cuda import WeightSource, sender_for
 from rlhf.workers.trained import Stats, TrainedWorker
 
 if TYPE_CHECKING:
+    from rlhf.algos.objective import Objective
     from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender
 
 
@@ -38,6 +39,7 @@ class PolicyWorker(TrainedWorker):
     ``save_pretrained``) beside it."""
 
     sender: Optional[CudaIPCSender | NcclSender] = None
+    objective: Optional[Objective] = None  # RL runs: made at setup
 
     @property
     def lora(self) -> bool:
@@ -57,11 +59,10 @@ class PolicyWorker(TrainedWorker):
         self.flops = flop_shape(model)
         self._initialize(model, [p for p in model.parameters() if p.requires_grad], algo.lr, algo.warmup_steps)
         self.temperature = self.spec.rollout.temperature
+        if algo.kind == "rl":  # the RL objective, its registered parts looked up once (rlhf.algos.objective)
+            from rlhf.algos.objective import Objective
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """The current policy's log-probs of the response tokens, ``[B, R]`` (0 off the response)."""
-        self.engine.eval()
-        return self._packed_logprobs(self.engine.module, batch)
+            self.objective = Objective(algo)
 
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA: the reference policy is the base model, i.e. this model with its adapters off."""
@@ -74,9 +75,6 @@ class PolicyWorker(TrainedWorker):
         """One or more optimizer steps (see the module doc). Without ``old_logp`` in the batch the
         update is exactly on-policy: the ratio's anchor is this forward's own log-probs, and the
         rollout engine's mismatch is measured against them (``mismatch/*``)."""
-        from rlhf.algos.objective import policy_loss_terms
-
-        algo = self.spec.algo
         self.engine.train()
         module = self.engine.module
         n_opt = len(denominators)
@@ -111,7 +109,7 @@ class PolicyWorker(TrainedWorker):
                 lp, ent = self._token_logprobs(module, p, with_entropy=True)
                 logp = unpack(lp, p, len(rows), R)
                 ent = unpack(ent, p, len(rows), R)
-                terms = policy_loss_terms(algo, logp, ent, mb, denominators[k], self.world_size)
+                terms = self.objective.policy_loss_terms(logp, ent, mb, denominators[k], self.world_size)
                 self.engine.backward(terms.loss, scale_wrt_gas=False)
                 step(i == len(packed) - 1)
                 pg_total = pg_total + terms.pg_loss.detach().double()  # read once, after the loop
@@ -164,7 +162,7 @@ class PolicyWorker(TrainedWorker):
         sums["perf/micro_batch_tokens_max"] = float(max(mb["real_index"].numel() for mb in micro_batches))
         return {**sums, **self.memory_peaks()}
 
-    # -- GPU weight sync (the driver's side: rlhf.workers.sync.CudaTransport); every rank calls both
+    # -- GPU weight sync (the driver's side: rlhf.workers.schedule.CudaTransport); every rank calls both
     def gpu_sync_setup(self, engines: Sequence[Any]) -> float:
         """This rank's sender for the run's placement, given the rollout engines; seconds to set up."""
         self.sender = sender_for(self.spec, engines, self.rank)

@@ -18,7 +18,7 @@ The engine side is ``rlhf.rollout.vllm_ext.WeightSyncExtension``, reached throug
 ``load_nccl``, ``sync_done``, ``init_weight_group``).
 
 The policy worker holds its sender as a member (``sender_for``: the run's placement picks it);
-the driver's side is ``rlhf.workers.sync.CudaTransport``. ``TrainStates``, held by the actor and
+the driver's side is ``rlhf.workers.schedule.CudaTransport``. ``TrainStates``, held by the actor and
 the critic, moves their DeepSpeed states off the GPU while vLLM generates (hybrid placement).
 """
 

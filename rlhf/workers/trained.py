@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from rlhf.workers import export
-from rlhf.workers.model import ModelWorker, ds_config
+from rlhf.workers.model import ModelWorker, ds_config, hf_model
 from rlhf.workers.sync_cuda import TrainStates
 
 if TYPE_CHECKING:
@@ -85,14 +85,20 @@ class TrainedWorker(ModelWorker):
             self.last_grad_norm = float(gn) if gn is not None else summed
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
-        """The full weights on rank 0 (gathered under ZeRO-3), None on other ranks: what the
-        rollout engines load. A LoRA model gives the base model's names with every adapted weight
-        merged (``rlhf.models.lora.merged_state_dict``); the training weights are not touched."""
-        from rlhf.models.lora import merged_state_dict
-
-        return self.on_rank0(merged_state_dict)
+        """The full weights on rank 0 (gathered under ZeRO-3), on the CPU, None on other ranks: what
+        the rollout engines load. A LoRA model gives the base model's names with every adapted
+        weight merged (``rlhf.models.lora.merged_state_dict``); the training weights are not touched."""
+        return self.on_rank0(_full_weights)
 
     def save_hf(self, path: str) -> Optional[str]:
         """The model (full weights, gathered under ZeRO-3) and its tokenizer in HF format at ``path``
         on rank 0 (``rlhf.workers.export.save_hf``); the path on rank 0, else None."""
         return export.save_hf(self, path)
+
+
+def _full_weights(module) -> dict[str, torch.Tensor]:
+    if hf_model(module) is not module:  # a peft wrapper: LoRA adapters to merge
+        from rlhf.models.lora import merged_state_dict
+
+        return merged_state_dict(module)
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}

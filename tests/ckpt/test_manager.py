@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 from rlhf.ckpt import CheckpointManager, find_latest
 
 
@@ -41,6 +43,20 @@ def test_due_every_and_at_end():
     assert [s for s in range(1, 11) if m.due(s, 10)] == [3, 6, 9, 10]
     m0 = CheckpointManager("/nonexistent", every=0, keep_last=1)
     assert [s for s in range(1, 11) if m0.due(s, 10)] == [10]
+
+
+@pytest.mark.parametrize("every,last", [(3, 10), (0, 10), (1, 4), (5, 5), (12, 10), (4, 12)])
+def test_next_due_is_the_next_step_due_saves_at(every, last):
+    """The RL loop asks ``next_due`` once per save instead of ``due`` every step: the same steps,
+    from the start and from any resumed step."""
+    m = CheckpointManager("/nonexistent", every=every, keep_last=1)
+    for start in range(last):
+        saves, nxt = [], m.next_due(start, last)
+        for s in range(start + 1, last + 1):
+            if s == nxt:
+                saves.append(s)
+                nxt = m.next_due(s, last)
+        assert saves == [s for s in range(start + 1, last + 1) if m.due(s, last)], (every, last, start)
 
 
 def test_saving_a_step_again_leaves_no_moment_without_it(tmp_path):

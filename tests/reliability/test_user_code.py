@@ -166,6 +166,47 @@ def test_isolate_false_runs_them_in_the_driver(tmp_path):
         rewards.close()
 
 
+def test_isolate_auto_runs_the_projects_own_in_the_driver_and_yours_in_the_process(tmp_path, monkeypatch):
+    """reward.isolate=auto (the default): a function of an rlhf module (the package's own, e.g. the
+    built-in task's) runs in the driver, so a run with only those starts no reward process; a
+    user's file, even one named like the package's module, runs in the process."""
+    import rlhf.rewards.math as project
+    from rlhf.rewards import Rewards
+
+    def pid_reward(prompts, responses, **metadata):
+        return [float(os.getpid())] * len(responses)
+
+    monkeypatch.setattr(project, "pid_reward", pid_reward, raising=False)
+    own = SimpleNamespace(fn="rlhf.rewards.math:pid_reward", weight=1.0, name="own")
+    alone = Rewards(SimpleNamespace(functions=[own], timeout_s=60.0, remote=None, isolate="auto"))
+    try:
+        assert alone.score(["p"], ["a"], {})[0] == [float(os.getpid())]
+        assert alone.executor.pid is None and reward_processes() == []  # never started
+    finally:
+        alone.close()
+    f = tmp_path / "rlhf" / "rewards" / "math.py"  # a path is the user's, wherever it is
+    f.parent.mkdir(parents=True)
+    f.write_text("import os\n\ndef reward(prompts, responses, **kw):\n"
+                 "    return [float(os.getpid())] * len(responses)\n")
+    both = Rewards(SimpleNamespace(functions=[own, SimpleNamespace(fn=f"{f}:reward", weight=1.0, name="yours")],
+                                   timeout_s=60.0, remote=None))  # isolate not given: auto
+    try:
+        _, parts = both.score(["p"], ["a"], {})
+        assert parts["own"] == [float(os.getpid())]
+        assert parts["yours"] == [float(both.executor.pid)] and both.executor.pid != os.getpid()
+    finally:
+        both.close()
+    assert reward_processes() == []
+    # true: the project's own run in the process too
+    arith = SimpleNamespace(fn="rlhf.rewards.math:arith_reward", weight=1.0, name=None)
+    isolated = Rewards(SimpleNamespace(functions=[arith], timeout_s=60.0, remote=None, isolate=True))
+    try:
+        assert isolated.score(["p"], ["2"], {"answer": ["2"]})[0] == [1.0]
+        assert isolated.executor.pid not in (None, os.getpid())
+    finally:
+        isolated.close()
+
+
 def test_a_reward_process_that_died_is_started_again_for_the_next_call(tmp_path):
     marker = tmp_path / "died"
     rewards, ref = _rewards(tmp_path, f"    if not os.path.exists({str(marker)!r}):\n"

@@ -138,6 +138,10 @@ def test_data_and_reward_rules(rl):
     [msg] = data.reward_problems(with_(rl, "reward", memory_gb=-1.0))
     assert msg.startswith("reward.memory_gb=-1.0 must be >= 0")
     assert data.reward_problems(with_(rl, "reward", memory_gb=0.0)) == []
+    for isolate in ("auto", True, False):
+        assert data.reward_problems(with_(rl, "reward", isolate=isolate)) == []
+    [msg] = data.reward_problems(with_(rl, "reward", isolate="yes"))
+    assert msg.startswith("reward.isolate='yes' is not valid. Use auto (your functions in a process of their own")
 
 
 def test_run_rules(rl):

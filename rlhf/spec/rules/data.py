@@ -4,6 +4,7 @@ a reward model, remote services)."""
 from __future__ import annotations
 
 from rlhf.spec.rules import Sections
+from rlhf.spec.rules.checks import auto_bool
 
 
 def problems(s: Sections) -> list[str]:
@@ -61,6 +62,8 @@ def reward_problems(s: Sections) -> list[str]:
             )
     if rw.timeout_s <= 0:
         p.append(f"reward.timeout_s={rw.timeout_s} must be > 0.")
+    auto_bool(p, "reward.isolate", rw.isolate, "your functions in a process of their own, the project's own in "
+              "the driver")
     if rw.memory_gb is not None and rw.memory_gb < 0:
         p.append(f"reward.memory_gb={rw.memory_gb} must be >= 0 (0: no cap; null: half this machine's memory).")
     return p
