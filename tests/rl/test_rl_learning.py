@@ -1,8 +1,10 @@
-"""Every RL algorithm learns the built-in task with its defaults (issue 20).
+"""Every RL algorithm learns the built-in task with its defaults (issue 20), the presets by name too
+(conf/algo/gspo|cispo|sapo|dapo.yaml, issue 34).
 
 Each run is ``rlhf-run algo=<name>`` as a user types it: the algorithm's conf/algo file and the tiny
 model's defaults (120 steps of 32 prompts × 8 samples), only with tracking off. grpo's run is
-test_rl_runs.py's module fixture, which other tests there read too.
+test_rl_runs.py's module fixture, which other tests there read too. A preset's run also checks that
+its own loss or sampling ran (one run per algorithm: tests/conftest.py schedules each on its own).
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from tests.helpers import make_spec, run_rl
 from tests.rl.conftest import assert_learned
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
+@pytest.mark.parametrize("algo", ["ppo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+                                  "gspo", "cispo", "sapo"])
 def test_algo_learns_with_its_defaults(rl_env, tmp_path, algo):
     code, rows = run_rl([f"algo={algo}", "tracking=none"], tmp_path / algo)
     assert_learned(algo, code, rows)
     if algo == "ppo":
         assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in rows)
+    if algo == "sapo":  # the gate ran; one optimizer step per rollout batch: every ratio 1, gate 4σ(0)(1-σ(0)) = 1
+        assert all(abs(r["actor/gate_mean"] - 1.0) < 1e-6 for r in rows)
+    if algo in ("gspo", "cispo", "sapo"):  # no KL term: no reference pass
+        assert all("time/reference" not in r for r in rows)
 
 
 @pytest.mark.parametrize("whiten", [False, True])
