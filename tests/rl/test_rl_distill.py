@@ -75,6 +75,8 @@ def test_a_student_identical_to_its_teacher_sees_no_divergence(teacher_eval):
     devices = [set(roles[r]) for r in ("actor", "rollout", "teacher")]
     assert all(devices) and sum(map(len, devices)) == len(set().union(*devices)), roles  # none shared
     row = teacher_eval["rows"][0]
+    print(f"opd, LoRA student = teacher, disaggregated: reverse KL {row['distill/reverse_kl']:.2e}, engine-trainer "
+          f"log-prob gap max {row['mismatch/logp_abs_max']:.2e}")
     assert row["time/teacher"] > 0 and row["time/old_logp"] > 0, row  # the student's log-probs: the trainer's
     assert abs(row["distill/reverse_kl"]) < 1e-4, row
     assert abs(row["advantages/abs_mean"]) < 1e-4, row
