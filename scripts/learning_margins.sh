@@ -26,6 +26,7 @@ THREADS=${THREADS:-"1 2"}
 SEEDS=${SEEDS:-"0 1 2"}
 TESTS=${TESTS:-"tests/rl/test_rl_runs.py::test_grpo_learns
 tests/rl/test_rl_learning.py::test_algo_learns_with_its_defaults
+tests/rl/test_rl_learning.py::test_dapo_learns_with_its_defaults_in_150_steps
 tests/rl/test_rl_registry.py::test_toy_estimator_and_loss_learn
 tests/rl/test_rl_lora.py::test_lora_grpo_learns
 tests/rl/test_rl_eval.py::test_greedy_eval_reward_rises

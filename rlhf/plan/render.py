@@ -309,7 +309,7 @@ def render_plan(spec: RunSpec) -> str:
         else:
             lines.append("host memory per node: not checked (hardware.host_memory_gb=0)")
     else:
-        lines.append(f"memory: CPU run; model states ~{est.total('training phase' if 'training phase' in est.figures else 'actor'):.2f} GB of host memory")
+        lines.append(f"memory: CPU run; model states ~{_cpu_host_gb(spec, est):.2f} GB of host memory")
     need, available = disk.need(spec), disk.available_bytes(spec)
     lines.append(disk_line(spec, need, available))
     lines.extend(warnings(spec, est))
@@ -325,6 +325,16 @@ def render_plan(spec: RunSpec) -> str:
     if gpu or not ok:
         lines.append("✓ fits" if ok else "✗ does not fit (see above)")
     return "\n".join(lines)
+
+
+def _cpu_host_gb(spec: RunSpec, est: Estimate) -> float:
+    """What a CPU run's processes hold, all on the host: hybrid's training phase (every role of a
+    device), or disaggregated's figure of each role (a teacher's, a reference's, ...) times its devices."""
+    if "training phase" in est.figures:
+        return est.total("training phase")
+    roles = spec.layout.roles
+    return sum(est.total(name) * len({d for r in name.split(" + ") for d in roles.get(r, ())} or {0})
+               for name in est.figures)
 
 
 def _node_lines(spec: RunSpec) -> list[str]:

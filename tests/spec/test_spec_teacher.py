@@ -84,3 +84,29 @@ def test_the_plan_counts_the_teacher_in_both_placements(teacher_dir):
 def test_lora_student_keeps_the_teacher(teacher_dir):
     spec = planned_spec(["algo=opd", f"algo.teacher.path={teacher_dir}", "model.lora.rank=4"])
     assert "teacher" in spec.roles and "reference" not in spec.roles
+
+
+@pytest.mark.parametrize("placement", [[], ["placement=disaggregated", "hardware.devices_per_node=3"]],
+                         ids=["hybrid", "disaggregated"])
+def test_the_cpu_plan_counts_the_teacher(teacher_dir, capsys, placement):
+    """`rlhf-run algo=opd --plan` on CPU (the default hardware) prints one host-memory line; the
+    teacher's weights and pass are in it in either placement (disaggregated: each role's process)."""
+    import re
+
+    from rlhf import cli
+    from rlhf.plan.memory import estimate, param_count, teacher_of
+
+    # a 1.5B-shaped teacher (the student's 22-token vocabulary): its fp32 weights, ~5 GB, dwarf the student
+    args = ["algo=opd", f"algo.teacher.path={teacher_dir}", *[o for o in QWEN15 if "vocab" not in o], *placement]
+    spec = planned_spec(args)
+    assert spec.layout.one_pool == (not placement)
+    weights = 4 * param_count(teacher_of(spec)) / 1e9
+    assert weights > 4
+    assert cli.main([*args, "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert ("resident" if not placement else "own devices [1]") in out
+    (host,) = re.findall(r"memory: CPU run; model states ~([0-9.]+) GB of host memory", out)
+    figures = estimate(spec).figures
+    parts = figures["training phase"] if not placement else {**figures["actor"], **figures["teacher"]}
+    assert float(host) == pytest.approx(sum(parts.values()), abs=0.006)  # printed to 2 decimals
+    assert parts["teacher weights"] == pytest.approx(weights, rel=0.01) and float(host) > weights
