@@ -67,7 +67,7 @@ def shape_scores(algo: RLAlgo, scores: torch.Tensor, mask: torch.Tensor, truncat
     out: dict[str, float] = {}
     scores = scores.clone()
     buffer = overlong_buffer(algo, max_response_tokens)
-    if buffer:
+    if buffer is not None:  # validation keeps it in (0, max_response_tokens]
         pen = overlong_penalty(mask.sum(-1), max_response_tokens, buffer, algo.overlong_penalty)
         pen = torch.where(truncated, torch.full_like(pen, -algo.overlong_penalty), pen)
         scores = scores + pen
