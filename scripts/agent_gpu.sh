@@ -48,11 +48,11 @@ if [ "$CPU" = 1 ]; then
 else
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RAY_ADDRESS=local
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-  # vLLM: CUDA graphs for batch sizes up to 512 only (a faster start; a step's turn is at most 512 requests)
-  export RLHF_VLLM_ARGS=${RLHF_VLLM_ARGS:-'{"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]}}'}
+  # vLLM: CUDA graphs for batch sizes up to 256 only (a faster start; as scripts/gpu.sh)
+  export RLHF_VLLM_ARGS=${RLHF_VLLM_ARGS:-'{"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}}'}
   sft=() rl=() lookup=()
   short=(train.steps=6)
-  est=(90 170 80 90)
+  est=(110 160 80 90)   # seconds: each start ~50-110 s (vLLM's first compile is the longest), then the steps
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/  /'
 fi
 
