@@ -73,21 +73,26 @@ def parse_tests(tests) -> list[str]:
 
 def pass_fractions(codes: list[str], tests: list, pool: Optional[SandboxPool] = None,
                    limits: Optional[SandboxLimits] = None) -> list[float]:
-    """Per code, the fraction of its tests (a ``tests`` cell each) that pass in the sandbox."""
+    """Per code, the fraction of its tests (a ``tests`` cell each) that pass in the sandbox.
+    Identical (code, tests) pairs run once: a group's samples often write the same function, and
+    its sandbox runs are most of a code step's time. (Code whose result depends on chance or the
+    clock then gets one draw for all its copies.)"""
     pool = pool or default_pool()
-    markers = [secrets.token_hex(16) for _ in codes]
     cases = [parse_tests(t) for t in tests]
-    programs = [harness(c, t, mk) for c, t, mk in zip(codes, cases, markers)]
+    unique: dict[tuple[str, tuple[str, ...]], int] = {}
+    index = [unique.setdefault((c, tuple(t)), len(unique)) for c, t in zip(codes, cases)]
+    markers = [secrets.token_hex(16) for _ in unique]
+    programs = [harness(c, list(t), mk) for (c, t), mk in zip(unique, markers)]
     results = pool.map(programs, limits=limits) if programs else []
-    out = []
-    for res, mk, t in zip(results, markers, cases):
+    fractions = []
+    for res, mk, (_, t) in zip(results, markers, unique):
         got = None
         if res.killed is None:
             for line in res.stdout.splitlines():
                 if line.startswith(mk + " "):
                     got = int(line.split()[1])
-        out.append(0.0 if got is None or not t else min(got, len(t)) / len(t))
-    return out
+        fractions.append(0.0 if got is None or not t else min(got, len(t)) / len(t))
+    return [fractions[i] for i in index]
 
 
 def code_reward(prompts: list[str], responses: list[str], tests: list, **metadata) -> list[float]:

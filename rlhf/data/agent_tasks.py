@@ -6,9 +6,16 @@
                                   the prompt: it is behind the ``lookup`` tool (builtin:lookup); the
                                   reward is the keymap score of the final answer
     agent-lookup-sft/train|eval   demonstrations: the user turn, a <tool_call> of lookup, the tool's
-                                  answer, the final answer; with probability NOISE the call asks for
-                                  another key, or the final answer is another value (imperfect
-                                  demonstrations, so RL after SFT has room to improve)
+                                  answer, the final answer; with probability LOOKUP_NOISE the call
+                                  asks for another key, and independently the final answer is
+                                  another value (imperfect demonstrations, so RL after SFT has room
+                                  to improve)
+    agent-recall/train|eval       the lookup task's prompts with no tool offered (``"tools": []``): the
+                                  model answers from what it learned of the table, in one turn (the
+                                  same prompts, answers and reward as agent-lookup without the tool
+                                  turn: the GPU recipe's step-time comparison, scripts/agent_gpu.sh)
+    agent-recall-sft/train|eval   demonstrations: the user turn and the value, wrong with probability
+                                  LOOKUP_NOISE (as agent-lookup-sft's final answer)
     agent-code/train|eval         RL rows: {"messages": [user "Write f(x) = x + 3 in Python."],
                                   "tests": [...]}: the reward runs the tests on the generated
                                   function in the sandbox (rlhf.agent.rewards:code_reward)
@@ -28,9 +35,16 @@ from pathlib import Path
 from rlhf.paths import cache_dir
 
 VERSION = 1
-TASKS = ("agent-lookup", "agent-lookup-sft", "agent-code", "agent-code-sft")
+# a task's data version (its rows' seed, its folder's name) where it is not VERSION: agent-lookup-sft
+# v2 has more noise (LOOKUP_NOISE); the other tasks' rows stay what they were
+VERSIONS = {"agent-lookup-sft": 2}
+TASKS = ("agent-lookup", "agent-lookup-sft", "agent-recall", "agent-recall-sft", "agent-code", "agent-code-sft")
 SIZES = {"train": 512, "eval": 64}
 NOISE = 0.35
+# lookup demonstrations: the call asks for another key, and (independently) the final answer is another
+# value, each with this probability (about half the demonstrations are right): after SFT the policy's
+# samples are wrong often enough that RL has room to show (recipes/agent_lookup_tiny.yaml)
+LOOKUP_NOISE = 0.3
 OPS = {"+": lambda x, c: x + c, "-": lambda x, c: x - c, "*": lambda x, c: x * c}
 TEST_INPUTS = (0, 1, 2, 5)
 
@@ -55,12 +69,25 @@ def _lookup_row(rng: random.Random, sft: bool) -> dict:
     row = {"messages": [user], "answer": table[key]}
     if not sft:
         return {**row, "tools": ["lookup"]}
-    asked = key if rng.random() >= NOISE / 2 else rng.choice([k for k in task.KEYS if k != key])
+    asked = key if rng.random() >= LOOKUP_NOISE else rng.choice([k for k in task.KEYS if k != key])
     got = table[asked]
-    final = got if rng.random() >= NOISE / 2 else rng.choice([v for v in task.VALUES if v != got])
+    final = got if rng.random() >= LOOKUP_NOISE else rng.choice([v for v in task.VALUES if v != got])
     msgs = [user, {"role": "assistant", "content": lookup_call(asked)},
             {"role": "tool", "name": "lookup", "content": got}, {"role": "assistant", "content": final}]
     return {**row, "messages": msgs, "tools": [lookup_schema()]}
+
+
+def _recall_row(rng: random.Random, sft: bool) -> dict:
+    from rlhf.data import builtin as task
+
+    key = rng.choice(task.KEYS)
+    value = task.table()[key]
+    user = {"role": "user", "content": task.prompt_for([key])}
+    row = {"messages": [user], "tools": [], "answer": value}
+    if not sft:
+        return row
+    final = value if rng.random() >= LOOKUP_NOISE else rng.choice([v for v in task.VALUES if v != value])
+    return {**row, "messages": [user, {"role": "assistant", "content": final}]}
 
 
 def code_prompt(op: str, c: int) -> str:
@@ -91,8 +118,8 @@ def _code_row(rng: random.Random, sft: bool) -> dict:
 
 
 def rows(task: str, split: str) -> list[dict]:
-    rng = random.Random(f"{task}-{split}-{VERSION}")
-    make = _lookup_row if task.startswith("agent-lookup") else _code_row
+    rng = random.Random(f"{task}-{split}-{VERSIONS.get(task, VERSION)}")
+    make = {"agent-lookup": _lookup_row, "agent-recall": _recall_row}.get(task.removesuffix("-sft"), _code_row)
     return [make(rng, task.endswith("-sft")) for _ in range(SIZES[split])]
 
 
@@ -105,7 +132,7 @@ def data_file(name: str) -> Path:
     if task not in TASKS or split not in SIZES:
         raise UserError(f"builtin:{name} is not a built-in data set. Use builtin:<task>/<train|eval> with task one "
                         f"of {', '.join(TASKS)}.")
-    folder = cache_dir() / "data" / f"{task}-v{VERSION}"
+    folder = cache_dir() / "data" / f"{task}-v{VERSIONS.get(task, VERSION)}"
     with atomic_dir(folder) as tmp:
         if tmp is not None:
             for s in SIZES:

@@ -84,6 +84,26 @@ def test_code_reward_is_the_fraction_of_tests_passed(pool):
     assert got == [1.0, 0.75, 0.25, 0.0, 0.0, 0.0, 0.25, 0.0]
 
 
+class CountingPool:
+    """The pool, counting the programs it is given."""
+
+    def __init__(self, pool):
+        self.pool, self.programs = pool, []
+
+    def map(self, programs, limits=None):
+        self.programs += programs
+        return self.pool.map(programs, limits=limits)
+
+
+def test_identical_code_and_tests_run_once(pool):
+    add, three = "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return 3\n"
+    counting = CountingPool(pool)
+    got = pass_fractions([add, three, add, add, three], [TESTS, TESTS, TESTS, TESTS[:1], "\n".join(TESTS)], counting)
+    assert got == [1.0, 0.25, 1.0, 1.0, 0.25]
+    # (add, all four), (three, all four: as a list and as lines alike), (add, the first alone)
+    assert len(counting.programs) == 3
+
+
 def test_code_reward_as_a_reward_function(monkeypatch, pool):
     """Loaded by name through the reward loader, fed the ``tests`` column as metadata."""
     from rlhf.agent import rewards
