@@ -88,9 +88,30 @@ def report(d: Path, margin: float, lo: int = 2, hi: int = 6) -> dict:
     }
 
 
+def brief(run_dir: Path) -> str:
+    """One line on a run as soon as it ends: steps, s/step, held-out reward before → after."""
+    rs = rows(run_dir)
+    if not rs:
+        return f"{run_dir.name}: no metrics"
+    line = f"{run_dir.name}: {len(rs)} rows"
+    if any("time/step" in r for r in rs):
+        line += (f", s/step median {_median([r for r in rs if r.get('step', 0) >= 2], 'time/step')} "
+                 f"(step 1: {rs[0].get('time/step', 0):.2f}), generate {_median(rs, 'time/generate')} s, "
+                 f"training reward {rs[0].get('reward/mean', 0):.3f} → {rs[-1].get('reward/mean', 0):.3f}, "
+                 f"tool calls {_median(rs, 'agent/tool_calls_mean')}, latency p99 {_median(rs, 'agent/tool_latency_p99')} s")
+    b, a = last(rs, KEY.replace("eval/", "eval_before/")), last(rs, KEY)
+    if b is not None or a is not None:
+        line += f", held-out sampled {b} → {a} (greedy {last(rs, GREEDY.replace('eval/', 'eval_before/'))} → {last(rs, GREEDY)})"
+    losses = [r["eval/loss"] for r in rs if "eval/loss" in r]
+    if losses:
+        line += f", held-out loss {losses[0]:.3f} → {losses[-1]:.3f}"
+    return line
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
+    ap.add_argument("--brief", action="store_true", help="one line on the run in dir (as a stage ends)")
     ap.add_argument("--margin", type=float, default=0.10)
     ap.add_argument("--from", dest="lo", type=int, default=2)
     ap.add_argument("--to", dest="hi", type=int, default=6)
@@ -99,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--elapsed", type=float, default=None)
     a = ap.parse_args(argv)
+    if a.brief:
+        print(brief(Path(a.dir)))
+        return 0
     out = report(Path(a.dir), a.margin, a.lo, a.hi)
     out["stages"] = dict(s.split("=", 1) for s in a.stages.split() if "=" in s)
     out["budget_s"], out["elapsed_s"] = a.budget, a.elapsed

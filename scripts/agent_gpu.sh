@@ -57,6 +57,12 @@ else
 fi
 
 elapsed() { echo $(( $(date +%s) - START )); }
+kill_tag() {  # what a stage left running (a run ended by timeout: its Ray cluster, vLLM's engine core)
+  local p
+  for p in /proc/[0-9]*; do
+    if grep -qz "^AGENT_GPU_TAG=$1\$" "$p/environ" 2>/dev/null; then kill -9 "${p#/proc/}" 2>/dev/null; fi
+  done
+}
 declare -A RC
 run_stage() {  # name estimate_s overrides...: runs rlhf.cli unless the budget is too short
   local name=$1 need=$2; shift 2
@@ -66,12 +72,17 @@ run_stage() {  # name estimate_s overrides...: runs rlhf.cli unless the budget i
     RC[$name]=skipped; return
   fi
   echo "agent_gpu: [$(elapsed) s] $name: $*"
-  local t0; t0=$(date +%s)
-  timeout --signal=TERM --kill-after=15 "$left" $PY -m rlhf.cli "$@" "${common[@]}" >"$OUT/agent_$name.log" 2>&1
+  local t0 tag="agent$RANDOM$RANDOM"; t0=$(date +%s)
+  AGENT_GPU_TAG=$tag timeout --signal=TERM --kill-after=15 "$left" $PY -m rlhf.cli "$@" "${common[@]}" \
+    >"$OUT/agent_$name.log" 2>&1
   RC[$name]=$?
+  kill_tag "$tag"
   grep -E "^(step [0-9]+/[0-9]+ ·|eval|sft:|cluster up|saved|done in)|[Ee]rror|Traceback" "$OUT/agent_$name.log" | tail -n 36 \
     | sed "s/^/  [$name] /"
-  [ -f "$RLHF_AGENT_GPU_DIR/$name/metrics.jsonl" ] && cp "$RLHF_AGENT_GPU_DIR/$name/metrics.jsonl" "$OUT/agent_${name}_metrics.jsonl"
+  if [ -f "$RLHF_AGENT_GPU_DIR/$name/metrics.jsonl" ]; then
+    cp "$RLHF_AGENT_GPU_DIR/$name/metrics.jsonl" "$OUT/agent_${name}_metrics.jsonl"
+    $PY -m bench.agent_report "$RLHF_AGENT_GPU_DIR/$name" --brief | sed "s/^/agent_gpu: /"
+  fi
   echo "agent_gpu: [$(elapsed) s] $name: exit ${RC[$name]} after $(( $(date +%s) - t0 )) s"
 }
 
