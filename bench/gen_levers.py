@@ -123,17 +123,17 @@ class Lever:
 
 LEVERS = (
     Lever("baseline", "the RL loop's call: 1 engine, unseeded, sampled-token log-probs"),
-    Lever("logprobs_off", "no log-probs (the trainer would recompute them)", logprobs=False),
-    Lever("flat_logprobs", "SamplingParams(flat_logprobs=True): no Logprob object per token", flat=True),
-    Lever("seeded", "a seed per prompt (rollout.seeded=true)", seeded=True),
-    Lever("async_off", "async scheduling off (the product has it on: vLLM's default)", engines=("async_off",)),
-    Lever("graphs_default", "vLLM's default CUDA-graph capture sizes", engines=("graphs_default",)),
-    Lever("seqs_256", "max_num_seqs 256, max_num_batched_tokens 8192", engines=("seqs_256",)),
-    Lever("v1_runner", "vLLM's V1 model runner", engines=("v1_runner",)),
-    Lever("mp_core", "engine core in its own process", engines=("mp_core",)),
     Lever("engines_2", "2 engines on the GPU, prompts split (rlhf.rollout.generate.launch)", engines=("product",) * 2),
     Lever("engines_4", "4 engines on the GPU, prompts split", engines=("product",) * 4),
     Lever("combo", "the faster of engines_2/engines_4, with flat log-probs", engines=("product",) * 4, flat=True),
+    Lever("flat_logprobs", "SamplingParams(flat_logprobs=True): no Logprob object per token", flat=True),
+    Lever("logprobs_off", "no log-probs (the trainer would recompute them)", logprobs=False),
+    Lever("seeded", "a seed per prompt (rollout.seeded=true)", seeded=True),
+    Lever("async_off", "async scheduling off (the product has it on: vLLM's default)", engines=("async_off",)),
+    Lever("mp_core", "engine core in its own process", engines=("mp_core",)),
+    Lever("graphs_default", "vLLM's default CUDA-graph capture sizes", engines=("graphs_default",)),
+    Lever("seqs_256", "max_num_seqs 256, max_num_batched_tokens 8192", engines=("seqs_256",)),
+    Lever("v1_runner", "vLLM's V1 model runner", engines=("v1_runner",)),
     Lever("baseline_again", "baseline once more (drift over the call)"),
 )
 
@@ -435,6 +435,28 @@ def engine_config_dict(variant: EngineVariant, model: str, a: argparse.Namespace
     return cfg
 
 
+def engines_text(engines: dict) -> str:
+    """What vLLM resolved for each engine variant (its first engine), one line each."""
+    lines = ["engines as vLLM resolved them (start s; async scheduling; V2 model runner; max_num_seqs; "
+             "max_num_batched_tokens; CUDA-graph mode and largest captured size):"]
+    for name, infos in engines.items():
+        ok = [i for i in infos if "error" not in i]
+        bad = [i["error"] for i in infos if "error" in i]
+        if ok:
+            i = ok[0]
+            sizes = i.get("capture_sizes") or []
+            starts = ", ".join(f"{x.get('start_s', 0):.0f}" for x in ok)
+            lines.append(f"  {name:<15}x{len(ok)}  start {starts} s; "
+                         f"async {i.get('async_scheduling')}; v2 {i.get('v2_model_runner')}; "
+                         f"seqs {i.get('max_num_seqs')}; tokens {i.get('max_num_batched_tokens')}; "
+                         f"{i.get('cudagraph_mode')} <= {max(sizes) if sizes else '-'} ({len(sizes)} sizes)"
+                         + (f"; timers missing: {i['timers_missing']}" if i.get("timers_missing") else "")
+                         + (f"; {i['settings_error']}" if i.get("settings_error") else ""))
+        for e in bad:
+            lines.append(f"  {name:<15}not started: {e}")
+    return "\n".join(lines)
+
+
 def plan_text(a: argparse.Namespace, kv_bytes: Optional[int] = None) -> str:
     need = engines_needed(a.lever_list)
     lines = [f"gen_levers, {a.preset}: {a.prompts} prompts x {a.group} samples x {a.gen_len} tokens "
@@ -486,11 +508,12 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
     kv = int(a.kv_gib * GiB) if a.kv_gib else kv_cache_bytes(hc.num_hidden_layers, hc.num_key_value_heads,
                                                               head_dim, samples, a.prompt_len + a.gen_len)
     print(plan_text(a, kv), flush=True)
-    prompts = fixed_len_prompts(a.prompts, a.prompt_len, seed=0)
+    prompts = fixed_len_prompts(a.prompts, a.prompt_len, vocab=min(2048, hc.vocab_size), seed=0)
     work = samples * a.gen_len
     report: dict[str, Any] = {"preset": a.preset, "prompts": a.prompts, "group": a.group, "prompt_len": a.prompt_len,
                               "gen_len": a.gen_len, "work_tokens": work, "kv_cache_gib": kv / GiB,
-                              "device": torch.cuda.get_device_name(0), "engines": {}, "rows": []}
+                              "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                              "engines": {}, "rows": []}
     header = (f"\ngeneration levers, {a.preset}-shaped random model, {a.prompts} prompts x {a.group} x {a.gen_len} "
               f"tokens (ignore_eos, T=1), median of {a.reps}; ms per model step and its host parts "
               f"(in-process engines); GPU % = NVML utilization; |dlogp| = mean |vLLM - trainer| of {a.keep} samples")
@@ -573,28 +596,20 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
         print(f"[gen_levers] first engine up in {time.perf_counter() - t0:.0f} s: {report['engines']['product'][0]}",
               flush=True)
 
-        by_name = {lv.name: lv for lv in a.lever_list}
-        one_engine = [lv for lv in a.lever_list if lv.engines == ("product",)
-                      and lv.name != "baseline_again"]
-        base_s: Optional[float] = None
-        for lv in one_engine:
-            est = None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5
-            measure(lv, actors["product"], est)
-            if lv.name == "baseline" and rows and rows[-1].get("median_s"):
-                base_s = rows[-1]["median_s"]
-
-        # every other engine at once, on the warm compile cache
+        # the baseline first, alone on the GPU; then every other engine at once, on the warm compile cache
+        measure(a.lever_list[0], actors["product"], None)
+        base_s: Optional[float] = rows[-1].get("median_s") if rows else None
+        est = None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5  # a row's seconds, generously
         pending = {}
         for name, count in need.items():
-            have = len(actors.get(name, []))
-            for _ in range(count - have):
+            for _ in range(count - len(actors.get(name, []))):
                 h = spawn(name)
                 actors.setdefault(name, []).append(h)
                 pending[h.ready.remote()] = (name, h)
         t0 = time.perf_counter()
         start_deadline = min(t0 + a.start_timeout, deadline - 90)
-        ready, not_ready = ray.wait(list(pending), num_returns=len(pending),
-                                    timeout=max(1.0, start_deadline - time.perf_counter()))
+        ready, _ = ray.wait(list(pending), num_returns=len(pending),
+                            timeout=max(1.0, start_deadline - time.perf_counter())) if pending else ([], [])
         failed: list[str] = []
         for ref, (name, h) in pending.items():
             ok = ref in ready
@@ -625,25 +640,20 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
                 used[v] = i + 1
             return out
 
-        later = [lv for lv in a.lever_list if lv not in one_engine and lv.name not in ("combo", "baseline_again")]
-        for lv in later:
+        for lv in a.lever_list[1:]:  # LEVERS order: the likeliest wins first, in case time runs out
+            if lv.name == "combo":  # the faster multi-engine row, with flat log-probs
+                multi = [r for r in rows if r["lever"] in ("engines_2", "engines_4") and r.get("median_s")]
+                if not multi:
+                    rows.append({"lever": lv.name, "what": lv.what, "skipped": "no multi-engine row measured"})
+                    continue
+                best = min(multi, key=lambda r: r["median_s"])
+                lv = Lever("combo", f"{best['lever']} + flat log-probs", engines=("product",) * best["engines"],
+                           flat=True)
             engs = engines_for(lv)
             if engs is None:
                 rows.append({"lever": lv.name, "what": lv.what, "skipped": "engine not started"})
                 continue
-            measure(lv, engs, None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5)
-        if "combo" in by_name:
-            multi = [r for r in rows if r["lever"] in ("engines_2", "engines_4") and r.get("median_s")]
-            if multi:
-                best = min(multi, key=lambda r: r["median_s"])
-                lv = Lever("combo", f"{best['lever']} + flat log-probs", engines=("product",) * best["engines"],
-                           flat=True)
-                engs = engines_for(lv)
-                if engs is not None:
-                    measure(lv, engs, None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5)
-        if "baseline_again" in by_name:
-            measure(by_name["baseline_again"], actors["product"][:1],
-                    None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5)
+            measure(lv, engs, est)
     finally:
         ray.shutdown()  # the engines go: the GPU is the trainer pass's
         save()
@@ -658,14 +668,16 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
             from rlhf.models.load import load_model
 
             gc.collect()
-            torch.cuda.empty_cache()
-            tm = load_model(model, "causal_lm", "bfloat16").to("cuda").eval()
+            dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            tm = load_model(model, "causal_lm", "bfloat16").to(dev).eval()
             varlen.use_varlen(tm)
             for r in rows:
                 if r["lever"] not in kept or time.perf_counter() > deadline - 10:
                     continue
                 ps, rs, lps = kept[r["lever"]]
-                tr = _trainer(tm, ps, rs, torch.device("cuda"), torch.float32)["trainer"]
+                tr = _trainer(tm, ps, rs, dev, torch.float32)["trainer"]
                 r["mismatch"] = mismatch_stats(lps, tr.tolist())
             del tm
         except Exception as e:  # noqa: BLE001 - the speed table stands without it
@@ -676,6 +688,7 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
     record(f"gen_levers_{a.preset}", rows=[{k: v for k, v in r.items() if k != "timers"} for r in rows],
            engines=report["engines"], kv_cache_gib=report["kv_cache_gib"])
     print(format_table(rows, header), flush=True)
+    print(engines_text(report["engines"]), flush=True)
     return 0
 
 

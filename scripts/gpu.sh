@@ -11,6 +11,7 @@
 # With one GPU every job runs on GPU 0, in priority order. Every job starts its own Ray cluster
 # (RAY_ADDRESS=local); what a job leaves running is ended by its tag when it returns.
 #
+# gen-levers, gen-levers-15b (BENCHMARKS.md §10): the generation phase's levers, one table per call (~9 min each).
 # bench-e2e-trl (BENCHMARKS.md §4) needs TRL in the bundle: EXTRA="trl==1.16.0" bash ../shared/gpu/build-bundle.sh.
 #
 # Results ($OUT, else /tmp/rlhf-gpu/out): log (this script's output), lane0.log, lane1.log,
@@ -64,6 +65,8 @@ bench-sync-ipc|1|300|$PY -m bench.sync --mode ipc --presets qwen2.5-0.5b,qwen2.5
 bench-rollout-05b|1|330|$PY -m bench.rollout --preset qwen2.5-0.5b --prompts 512 --prompt-len 128 --gen-len 512
 bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512 --prompt-len 128 --gen-len 512 --variants framework
 mismatch|1|480|$PY -m bench.mismatch
+gen-levers|1|560|$PY -m bench.gen_levers --preset qwen2.5-0.5b ${GEN_LEVERS_ARGS:-}
+gen-levers-15b|1|560|$PY -m bench.gen_levers --preset qwen2.5-1.5b ${GEN_LEVERS_ARGS:-}
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
 grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2
@@ -147,6 +150,7 @@ for f in "$OUT"/lane0.log "$OUT"/lane1.log "$OUT"/both.log; do
   [ -f "$f" ] && grep -E -A12 "^(rollout,|weight sync,|actor update,|log-prob mismatch,)" "$f" | grep -v "^--$"
 done
 grep -h -A26 "^e2e GRPO step" "$OUT"/lane0.log 2>/dev/null
+grep -h -A26 "^generation levers," "$OUT"/lane0.log "$OUT"/lane1.log 2>/dev/null
 grep -h "^RESULT" "$OUT"/*.log 2>/dev/null | grep -E '"name": "(greedy_|ipc_sync|nccl_sync|sleep_level|logprob_mismatch|grpo)' \
   | cut -c1-400
 echo "gpu.sh done in $(( $(date +%s) - START )) s"

@@ -20,7 +20,7 @@ def test_rows_and_engines():
     names = [lv.name for lv in gl.select_levers(None)]
     assert names[0] == "baseline" and names[-1] == "baseline_again" and len(names) == len(set(names))
     # baseline is always measured: every ratio is to it
-    assert [lv.name for lv in gl.select_levers("engines_2, async_off")] == ["baseline", "async_off", "engines_2"]
+    assert [lv.name for lv in gl.select_levers("async_off, engines_2")] == ["baseline", "engines_2", "async_off"]
     with pytest.raises(SystemExit, match="unknown lever"):
         gl.select_levers("baseline,warp_drive")
     need = gl.engines_needed(gl.select_levers(None))
@@ -308,3 +308,15 @@ def test_bench_engine(bench_engine):
     s = eng.vllm_settings()
     assert s["async_scheduling"] is True and s["v2_model_runner"] and s["max_concurrent_batches"] == 2
     assert s["capture_sizes"] == [1, 2] and s["timers_missing"] == []
+
+
+def test_engines_text():
+    text = gl.engines_text({
+        "product": [{"start_s": 41.2, "async_scheduling": True, "v2_model_runner": True, "max_num_seqs": 1024,
+                     "max_num_batched_tokens": 16384, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                     "capture_sizes": [1, 2, 256], "timers_missing": []}, {"start_s": 30.0}],
+        "v1_runner": [{"error": "not up in time"}]})
+    lines = text.splitlines()
+    assert lines[1].split() == ["product", "x2", "start", "41,", "30", "s;", "async", "True;", "v2", "True;", "seqs",
+                                "1024;", "tokens", "16384;", "FULL_AND_PIECEWISE", "<=", "256", "(3", "sizes)"]
+    assert lines[2].split() == ["v1_runner", "not", "started:", "not", "up", "in", "time"]
