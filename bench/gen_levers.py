@@ -17,11 +17,13 @@ each of ``async_off`` (``async_scheduling=False``), ``graphs_default`` (vLLM's o
 ``v1_runner`` (``VLLM_USE_V2_MODEL_RUNNER=0``) and ``mp_core`` (``EngineConfig.multiprocessing``:
 the engine core in a child process, vLLM's default layout, as a standalone ``LLM`` has it).
 
-Rows (``LEVERS``): ``baseline``; ``logprobs_off``; ``flat_logprobs`` (``SamplingParams(flat_logprobs=True)``);
-``seeded`` (a seed per prompt, as ``rollout.seeded=true``); one row per engine variant; ``engines_2``
-and ``engines_4`` (the prompts split by ``rlhf.rollout.generate.launch`` over engines sharing the
-GPU, each its own process); ``combo`` (the faster multi-engine row with flat log-probs); and
-``baseline_again`` (drift). Per row, median of ``--reps`` runs after a short warm-up:
+Rows (``LEVERS``, run in this order, so that a call short of time loses the least likely wins):
+``baseline`` (alone on the GPU, before the other engines start); ``engines_2`` and ``engines_4`` (the
+prompts split by ``rlhf.rollout.generate.launch`` over engines sharing the GPU, each its own
+process); ``combo`` (the faster multi-engine row with flat log-probs); ``flat_logprobs``
+(``SamplingParams(flat_logprobs=True)``); ``logprobs_off``; ``seeded`` (a seed per prompt, as
+``rollout.seeded=true``); one row per engine variant; ``baseline_again`` (drift). Per row, median of
+``--reps`` calls after a short warm-up:
 
 * completion tokens/s and the ratio to ``baseline``;
 * where a call's wall time goes: ``LLM.generate`` inside the actor vs the rest (``Sample`` objects,
@@ -599,7 +601,7 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
         # the baseline first, alone on the GPU; then every other engine at once, on the warm compile cache
         measure(a.lever_list[0], actors["product"], None)
         base_s: Optional[float] = rows[-1].get("median_s") if rows else None
-        est = None if base_s is None else base_s * (a.reps + 0.5) * 1.6 + 5  # a row's seconds, generously
+        est = None if base_s is None else base_s * (a.reps + 0.5) * 1.3 + 3  # a row's seconds, generously
         pending = {}
         for name, count in need.items():
             for _ in range(count - len(actors.get(name, []))):
