@@ -489,7 +489,7 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
     deadline = t_start + a.budget_s
     import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still prints the table
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from bench.checks import record, write_json_out
     from bench.common import SAFE_ENV, fixed_len_prompts, make_random_model, preset
 
@@ -540,6 +540,13 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
                                                runtime_env={"env_vars": env}).remote(cfg)
 
     rows: list[dict] = report["rows"]
+
+    def on_term(*_):  # gpu.sh's timeout: the rows measured so far still make a table
+        print(format_table(rows, header + " [cut short]"), flush=True)
+        print(engines_text(report["engines"]), flush=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     reader = nvml_util_reader(0)
     kept: dict[str, tuple[list, list, list]] = {}
 
