@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.gen_levers import StepTimers
+from bench.gen_levers import StepTimers, kernel_busy
 from rlhf.rollout.vllm import VLLMEngine
 
 
@@ -61,6 +61,29 @@ class BenchEngine(VLLMEngine):
             return super().generate_ids(prompts, **kw)
         finally:
             vllm.SamplingParams = plain
+
+    def kernel_trace(self, prompts, sampling) -> dict:
+        """One ``generate`` call under ``torch.profiler`` (CUDA activity only): the union of the
+        kernels' intervals over the span from the first kernel's start to the last one's end is the
+        GPU's busy fraction, exact where NVML's utilisation is a coarse sample; with the step timers,
+        GPU ms per model step."""
+        import time
+
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        self.timers.reset()
+        # CUDA activity only: tracing the host's ops would slow the host side being measured
+        acts = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            self.generate(prompts, sampling)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        ivs = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+        return {"wall_s": wall, "steps": self.timers.read()["steps"], **kernel_busy(ivs)}
 
     def timers_reset(self) -> None:
         self.timers.reset()

@@ -331,6 +331,24 @@ def nvml_util_reader(index: int = 0) -> Optional[Callable[[], float]]:
     return lambda: float(subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip())
 
 
+def kernel_busy(intervals: Sequence[tuple[float, float]]) -> dict:
+    """GPU kernels' (start, end) times in µs: their count, the span from the first start to the
+    last end, the time covered by at least one kernel (overlaps counted once) and its fraction."""
+    if not intervals:
+        return {"kernels": 0, "span_s": 0.0, "busy_s": 0.0, "busy": None}
+    ivs = sorted(intervals)
+    busy, cur_s, cur_e = 0.0, ivs[0][0], ivs[0][1]
+    for s, e in ivs[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, e in ivs) - ivs[0][0]
+    return {"kernels": len(ivs), "span_s": span / 1e6, "busy_s": busy / 1e6, "busy": busy / span if span > 0 else None}
+
+
 def mismatch_stats(engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]]) -> dict:
     """Mean and max |engine − trainer| over every token (rows of equal length in both)."""
     diffs = [abs(a - b) for e, t in zip(engine, trainer) for a, b in zip(e, t, strict=True)]
@@ -403,6 +421,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "the KV cache is --kv-gib)")
     ap.add_argument("--kv-gib", type=float, default=0, help="KV cache per engine (0: what the work needs x1.5)")
     ap.add_argument("--keep", type=int, default=64, help="samples per row scored by the trainer for the mismatch")
+    ap.add_argument("--trace-tokens", type=int, default=64,
+                    help="tokens of the baseline's call under torch.profiler at the end (0: none)")
     ap.add_argument("--start-timeout", type=float, default=240, help="seconds for the engines after the first to start")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall seconds for everything (default: JOB_TIMEOUT_S less 20, else 540)")
@@ -457,6 +477,20 @@ def engines_text(engines: dict) -> str:
         for e in bad:
             lines.append(f"  {name:<15}not started: {e}")
     return "\n".join(lines)
+
+
+def trace_text(trace: Optional[dict]) -> str:
+    """The kernel trace's line under the table."""
+    if not trace:
+        return "baseline kernel trace: not run"
+    if "error" in trace:
+        return f"baseline kernel trace: failed ({trace['error']})"
+    steps = trace.get("steps") or 0
+    busy = trace.get("busy")
+    return (f"baseline kernel trace ({steps} model steps, {trace['kernels']} kernels, call {trace['wall_s']:.3f} s): "
+            f"GPU busy {'-' if busy is None else f'{100 * busy:.1f}'} % of the {trace['span_s']:.3f} s kernel span; "
+            + (f"GPU {1e3 * trace['busy_s'] / steps:.2f} ms and wall {1e3 * trace['wall_s'] / steps:.2f} ms per step"
+               if steps else "no step count"))
 
 
 def plan_text(a: argparse.Namespace, kv_bytes: Optional[int] = None) -> str:
@@ -663,6 +697,16 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
                 rows.append({"lever": lv.name, "what": lv.what, "skipped": "engine not started"})
                 continue
             measure(lv, engs, est)
+
+        # the baseline's kernels under torch.profiler: GPU busy exactly, GPU ms per step
+        if a.trace_tokens and time.perf_counter() < deadline - 75:
+            try:
+                ref = actors["product"][0].kernel_trace.remote(
+                    prompts, Sampling(n=a.group, max_new_tokens=a.trace_tokens, temperature=1.0))
+                report["kernel_trace"] = ray.get(ref, timeout=max(5.0, deadline - 60 - time.perf_counter()))
+            except Exception as e:  # noqa: BLE001 - the table stands without it
+                report["kernel_trace"] = {"error": repr(e)[:300]}
+            print(f"[gen_levers] baseline kernel trace: {report['kernel_trace']}", flush=True)
     finally:
         ray.shutdown()  # the engines go: the GPU is the trainer pass's
         save()
@@ -698,6 +742,7 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
            engines=report["engines"], kv_cache_gib=report["kv_cache_gib"])
     print(format_table(rows, header), flush=True)
     print(engines_text(report["engines"]), flush=True)
+    print(trace_text(report.get("kernel_trace")), flush=True)
     return 0
 
 

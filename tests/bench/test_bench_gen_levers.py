@@ -320,3 +320,26 @@ def test_engines_text():
     assert lines[1].split() == ["product", "x2", "start", "41,", "30", "s;", "async", "True;", "v2", "True;", "seqs",
                                 "1024;", "tokens", "16384;", "FULL_AND_PIECEWISE", "<=", "256", "(3", "sizes)"]
     assert lines[2].split() == ["v1_runner", "not", "started:", "not", "up", "in", "time"]
+
+
+def test_kernel_busy_and_trace_text():
+    # µs: [0,10] and [5,20] overlap -> 20 busy; [30,40] -> 10 more; span 0..50 with [45,50]
+    k = gl.kernel_busy([(30, 40), (0, 10), (5, 20), (45, 50), (46, 48)])
+    assert k["kernels"] == 5 and k["busy_s"] == pytest.approx(35e-6) and k["span_s"] == pytest.approx(50e-6)
+    assert k["busy"] == pytest.approx(0.7)
+    assert gl.kernel_busy([])["busy"] is None
+    line = gl.trace_text({"wall_s": 0.5, "steps": 100, **gl.kernel_busy([(0, 2e5), (3e5, 4e5)])})
+    assert "GPU busy 75.0 % of the 0.400 s kernel span" in line and "GPU 3.00 ms and wall 5.00 ms per step" in line
+    assert gl.trace_text(None).endswith("not run") and "failed (boom)" in gl.trace_text({"error": "boom"})
+
+
+def test_bench_engine_kernel_trace(bench_engine, monkeypatch):
+    """The trace's plumbing (on CPU the profiler sees no kernels: the steps still count)."""
+    import torch
+
+    from rlhf.rollout.engine import Sampling
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    eng, _ = bench_engine
+    t = eng.kernel_trace([[1, 2], [3]], Sampling(n=1, max_new_tokens=3))
+    assert t["steps"] == 6 and t["kernels"] == 0 and t["busy"] is None and t["wall_s"] > 0
