@@ -32,7 +32,9 @@ process); ``combo`` (the faster multi-engine row with flat log-probs); ``flat_lo
   ``StepTimers``): ms per step, and the host's ms in ``schedule``, ``execute_model`` (input prep +
   launch), ``sample_tokens``, waiting for the GPU (``future.result``), ``update_from_output`` and the
   front end's ``process_outputs``;
-* GPU busy %: NVML ``utilization.gpu`` sampled in a thread during the timed calls;
+* GPU busy %: NVML ``utilization.gpu`` sampled in a thread during the timed calls (coarse); at the
+  end, one ``--trace-tokens`` baseline call under ``torch.profiler`` (CUDA activity only) gives the
+  exact busy fraction of the kernel span and GPU ms per model step (``kernel_busy``);
 * log-prob agreement: mean |vLLM − trainer| log-prob of ``--keep`` samples of the row, the trainer's
   side computed as ``bench.mismatch`` does (the product's packed bf16 pass), after the engines are
   gone; the ratio to the baseline's says whether a lever moved the mismatch off the bf16 level.
