@@ -11,7 +11,8 @@ actors → ``Sample`` objects back to the driver, which is what ``time/generate`
 Engines (each a ``VLLMEngine`` Ray actor, engine core in the actor process unless said; every one
 with the product's ``EngineConfig`` and ``RLHF_VLLM_ARGS``, sleep mode and prefix caching on, a fixed
 KV cache ``kv_cache_memory_bytes`` so that several start side by side without vLLM's memory
-profiling seeing each other): ``product`` ×4 (the 2- and 4-engine rows use copies of it), and one
+profiling seeing each other): ``product`` ×4 (the 2- and 4-engine rows use copies of it; a fifth for
+the kernel trace), and one
 each of ``async_off`` (``async_scheduling=False``), ``graphs_default`` (vLLM's own capture sizes, no
 ``cudagraph_capture_sizes``), ``seqs_256`` (``max_num_seqs=256, max_num_batched_tokens=8192``),
 ``v1_runner`` (``VLLM_USE_V2_MODEL_RUNNER=0``) and ``mp_core`` (``EngineConfig.multiprocessing``:
@@ -32,9 +33,10 @@ process); ``combo`` (the faster multi-engine row with flat log-probs); ``flat_lo
   ``StepTimers``): ms per step, and the host's ms in ``schedule``, ``execute_model`` (input prep +
   launch), ``sample_tokens``, waiting for the GPU (``future.result``), ``update_from_output`` and the
   front end's ``process_outputs``;
-* GPU busy %: NVML ``utilization.gpu`` sampled in a thread during the timed calls (coarse); at the
-  end, one ``--trace-tokens`` baseline call under ``torch.profiler`` (CUDA activity only) gives the
-  exact busy fraction of the kernel span and GPU ms per model step (``kernel_busy``);
+* GPU busy %: NVML ``utilization.gpu`` sampled in a thread during the timed calls (coarse); and one
+  ``--trace-tokens`` call of the baseline's kind under ``torch.profiler`` (CUDA activity only), on a
+  spare copy of the product's engine that is then shut down, gives the exact busy fraction of the
+  kernel span and GPU ms per model step (``kernel_busy``);
 * log-prob agreement: mean |vLLM − trainer| log-prob of ``--keep`` samples of the row, the trainer's
   side computed as ``bench.mismatch`` does (the product's packed bf16 pass), after the engines are
   gone; the ratio to the baseline's says whether a lever moved the mismatch off the bf16 level.
@@ -424,7 +426,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--kv-gib", type=float, default=0, help="KV cache per engine (0: what the work needs x1.5)")
     ap.add_argument("--keep", type=int, default=64, help="samples per row scored by the trainer for the mismatch")
     ap.add_argument("--trace-tokens", type=int, default=64,
-                    help="tokens of the baseline's call under torch.profiler at the end (0: none)")
+                    help="tokens of one call under torch.profiler, on a spare copy of the product's engine "
+                         "(0: none)")
     ap.add_argument("--start-timeout", type=float, default=240, help="seconds for the engines after the first to start")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall seconds for everything (default: JOB_TIMEOUT_S less 20, else 540)")
@@ -500,6 +503,7 @@ def plan_text(a: argparse.Namespace, kv_bytes: Optional[int] = None) -> str:
     lines = [f"gen_levers, {a.preset}: {a.prompts} prompts x {a.group} samples x {a.gen_len} tokens "
              f"(prompt {a.prompt_len} tokens), {a.reps} timed calls per row"]
     lines.append("engines: " + ", ".join(f"{k} x{v}" for k, v in need.items()) +
+                 (f" (+1 product for the kernel trace, {a.trace_tokens} tokens)" if a.trace_tokens else "") +
                  (f"; KV cache {kv_bytes / GiB:.0f} GiB each" if kv_bytes else ""))
     for k in need:
         v = VARIANTS[k]
@@ -527,7 +531,7 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from bench.checks import record, write_json_out
-    from bench.common import SAFE_ENV, fixed_len_prompts, make_random_model, preset
+    from bench.common import SAFE_ENV, fixed_len_prompts, make_random_model
 
     for k, v in SAFE_ENV.items():
         os.environ.setdefault(k, v)
@@ -565,6 +569,9 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
     from rlhf.rollout.vllm import EngineConfig
 
     need = engines_needed(a.lever_list)
+    rows_product = need.get("product", 1)
+    if a.trace_tokens:  # a copy of the product's engine no row uses: the profiler touches nothing measured
+        need["product"] = rows_product + 1
     share = round(0.9 / sum(need.values()), 3)  # Ray's GPU share per actor; all of them fit
     actors: dict[str, list] = {}
 
@@ -674,6 +681,22 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
         print(f"[gen_levers] {len(pending) - len(failed)} more engines up in {time.perf_counter() - t0:.0f} s"
               + (f"; not up: {sorted(failed)}" if failed else ""), flush=True)
 
+        # the product's kernels under torch.profiler, on its spare copy: GPU busy exactly, GPU ms per step
+        spare = actors.get("product", [])[rows_product:]
+        if a.trace_tokens and spare:
+            try:
+                ray.get(spare[0].generate.remote(prompts, Sampling(n=a.group, max_new_tokens=a.warm_tokens)),
+                        timeout=60)  # its first call: lazily compiled kernels
+                ref = spare[0].kernel_trace.remote(
+                    prompts, Sampling(n=a.group, max_new_tokens=a.trace_tokens, temperature=1.0))
+                report["kernel_trace"] = ray.get(ref, timeout=60)
+            except Exception as e:  # noqa: BLE001 - the table stands without it
+                report["kernel_trace"] = {"error": repr(e)[:300]}
+            print(f"[gen_levers] kernel trace: {report['kernel_trace']}", flush=True)
+            for h in spare:  # its memory back before the timed rows
+                actors["product"].remove(h)
+                ray.kill(h)
+
         def engines_for(lv: Lever) -> Optional[list]:
             out, used = [], {}
             for v in lv.engines:
@@ -700,15 +723,6 @@ def run(a: argparse.Namespace) -> int:  # pragma: no cover - needs the GPU and v
                 continue
             measure(lv, engs, est)
 
-        # the baseline's kernels under torch.profiler: GPU busy exactly, GPU ms per step
-        if a.trace_tokens and time.perf_counter() < deadline - 75:
-            try:
-                ref = actors["product"][0].kernel_trace.remote(
-                    prompts, Sampling(n=a.group, max_new_tokens=a.trace_tokens, temperature=1.0))
-                report["kernel_trace"] = ray.get(ref, timeout=max(5.0, deadline - 60 - time.perf_counter()))
-            except Exception as e:  # noqa: BLE001 - the table stands without it
-                report["kernel_trace"] = {"error": repr(e)[:300]}
-            print(f"[gen_levers] baseline kernel trace: {report['kernel_trace']}", flush=True)
     finally:
         ray.shutdown()  # the engines go: the GPU is the trainer pass's
         save()

@@ -142,7 +142,8 @@ def test_step_timers():
 
     sched = ns(schedule=cost(0.001, lambda: ns(total_num_scheduled_tokens=sched.tokens)), tokens=256,
                update_from_output=cost(0.003))
-    ex = ns(execute_model=cost(0.002, lambda: _Future(clock, 0.0)), sample_tokens=cost(0.0005, lambda: _Future(clock, 0.004)))
+    ex = ns(execute_model=cost(0.002, lambda: _Future(clock, 0.0)),
+            sample_tokens=cost(0.0005, lambda: _Future(clock, 0.004)))
     t = gl.StepTimers(clock)
     assert t.wrap(sched, "schedule", "schedule", count=lambda o: o.total_num_scheduled_tokens > 0)
     assert t.wrap(sched, "update_from_output", "update_from_output")
