@@ -431,6 +431,14 @@ def teacher_offloaded(spec: RunSpec) -> bool:
             and spec.layout.rollout_beside_training and spec.train.zero_stage != 3)
 
 
+def overlaps_update(spec: RunSpec) -> bool:
+    """On GPU, the rollout engines generate during the update on the trained roles' devices
+    (``algo.async_steps`` > 0 in a placement that shares them): they stay awake through the training
+    phase (``placement.sleep_rollout`` auto resolves to false), whose figure then holds both at once."""
+    return (getattr(spec.algo, "async_steps", 0) > 0 and "rollout" in spec.roles
+            and spec.hardware.accelerator == "cuda" and spec.layout.rollout_beside_training)
+
+
 def no_slack(spec: RunSpec) -> tuple[str, ...]:
     """The parts no allocator slack is added to: the runtime and the rollout engine's parts."""
     return NO_SLACK + (engines.kind(spec).memory_parts() if "rollout" in spec.roles else ())
