@@ -133,3 +133,15 @@ def test_the_plan_says_what_async_costs_elsewhere():
     cpu = render_plan(planned_spec(ASYNC))
     assert "processes of their own" in cpu
     assert "async:" not in render_plan(planned_spec(H200))
+
+
+def test_out_of_memory_under_async_names_the_figure_holding_both(both):
+    from rlhf.plan.oom import oom_message
+
+    sync, spec = both
+    est = memory.estimate(spec)
+    for phase in ("generate", "update", "sync"):  # any phase: the engine generates beside the update
+        msg = oom_message(spec, phase)
+        assert_clear(msg, f"in the {phase} phase", f"{est.total('training phase'):.1f} GB", "for the training phase",
+                     "rollout.gpu_memory_utilization=")
+    assert "for the generation phase" in oom_message(sync, "generate")  # without async: the phase's own
