@@ -74,6 +74,14 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     assert "vLLM stays awake during training (auto: algo.async_steps=1" in text
 
 
+def test_the_vllm_engine_starts_without_sleep_mode_under_async(both):
+    from rlhf.rollout.vllm import engine_config
+
+    sync, spec = both
+    assert engine_config(sync, "m").enable_sleep_mode is True  # its allocator can free the GPU for training
+    assert engine_config(spec, "m").enable_sleep_mode is False  # awake throughout: vLLM's plain allocator
+
+
 def test_async_that_does_not_fit_beside_the_engine_stops_with_the_fix():
     # 1.5B with vLLM's share at 0.8 of the GPU: the update and the awake engine need more than the GPU
     spec = planned_spec(["hardware=1xh200", "model=qwen2.5-1.5b", "rollout.gpu_memory_utilization=0.8", *ASYNC])
