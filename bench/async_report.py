@@ -4,7 +4,7 @@
 
 For each run dir: the median over steps 2.. of the step and its phases, the async figures
 (``async/overlap_s``: the part of the prefetched generation hidden behind the update), the plan's
-training-phase figure (``<dir>.plan.txt``, what ``--plan`` printed) against the GPU's measured peak
+phase figures and the larger of them (``<dir>.plan.txt``, what ``--plan`` printed) against the GPU's measured peak
 (``<dir>.smi``: nvidia-smi's memory.used in MiB every 0.5 s, every process on the GPU), and the
 async run's step time as a share of the synchronous one's. Each run is one ``RESULT`` row.
 """
@@ -52,9 +52,12 @@ def summary(run: Path) -> dict:
     plan = planned_gb(Path(f"{run}.plan.txt"))
     out["plan_training_phase_gb"] = plan.get("training phase")
     out["plan_generation_phase_gb"] = plan.get("generation phase")
+    # the GPU's peak is the larger phase: generation without async (vLLM awake, states resident or
+    # not), the training phase with it (the update beside the awake engine)
+    out["plan_peak_gb"] = max(plan.values()) if plan else None
     out["measured_peak_gb"] = measured_peak_gb(Path(f"{run}.smi"))
-    if out["measured_peak_gb"] and out["plan_training_phase_gb"]:
-        out["plan_minus_measured_gb"] = out["plan_training_phase_gb"] - out["measured_peak_gb"]
+    if out["measured_peak_gb"] and out["plan_peak_gb"]:
+        out["plan_minus_measured_gb"] = out["plan_peak_gb"] - out["measured_peak_gb"]
     return out
 
 
