@@ -21,6 +21,8 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
 - ``placement.sleep_rollout`` auto: the engines sleep while the models beside them train, unless
   ``algo.async_steps`` > 0 has them generate the next step during the update (``overlaps_update``):
   then vLLM stays awake through the training phase, which must hold both (the plan's fit check).
+  ZeRO and optimizer offload are then decided as for the synchronous run, with the engine asleep:
+  DeepSpeed does not move its states to the host to make room for an engine that async keeps awake.
 - ``placement.offload_train_state`` auto: in hybrid placement on GPUs, the training states stay on
   the GPU while vLLM generates when both phases fit that way; otherwise they move to host memory.
   With async rollouts they stay: the engines generate while the update runs, not between updates.
@@ -71,8 +73,15 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         spec.train.compile_logprobs = spec.hardware.accelerator == "cuda"
         out.append(Decision("train.compile_logprobs", AUTO, spec.train.compile_logprobs,
                             "" if spec.train.compile_logprobs else "CPU run"))
-    out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps awake
-    out.extend(_zero_and_offload(spec))
+    out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps
+    if overlaps_update(spec):
+        # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an
+        # engine that async keeps awake (the plan's fit check says whether both fit, and what to lower)
+        spec.placement.sleep_rollout = True
+        out.extend(_zero_and_offload(spec))
+        spec.placement.sleep_rollout = False
+    else:
+        out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)
 

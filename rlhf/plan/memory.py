@@ -371,7 +371,9 @@ def estimate(spec: RunSpec) -> Estimate:
         if rollout and cuda:
             train_phase.update(engine.resident_while_training(spec, p_policy))
         est.figures["training phase"] = train_phase
-        if rollout:
+        # async rollouts on these GPUs: the engines generate during the update, so the training
+        # phase holds both and generation alone (a part of it) is no figure of its own
+        if rollout and not overlaps_update(spec):
             gen = engine.gpu_memory(spec, p_policy) if cuda else {}
             if pl.offload_train_state:
                 # DeepSpeed moves what its optimizer holds (rlhf.workers.sync_cuda.TrainStates);

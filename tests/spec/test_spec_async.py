@@ -64,6 +64,8 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     # the same ZeRO and offload choices at this size: the difference is the engine's alone
     assert (sync.train.zero_stage, sync.train.offload_optimizer) == (spec.train.zero_stage, spec.train.offload_optimizer)
     assert est.total("training phase") == pytest.approx(est_sync.total("training phase") - VLLM_ASLEEP_GB + share)
+    # generation alone (the first step's, an evaluation's) holds a part of that: no figure of its own
+    assert set(est.figures) == {"training phase"} and set(est_sync.figures) == {"training phase", "generation phase"}
     assert memory.fits(spec, est)
     check_fits(spec)  # nothing raised
     text = render_plan(spec)
@@ -85,6 +87,10 @@ def test_the_vllm_engine_starts_without_sleep_mode_under_async(both):
 def test_async_that_does_not_fit_beside_the_engine_stops_with_the_fix():
     # 1.5B with vLLM's share at 0.8 of the GPU: the update and the awake engine need more than the GPU
     spec = planned_spec(["hardware=1xh200", "model=qwen2.5-1.5b", "rollout.gpu_memory_utilization=0.8", *ASYNC])
+    sync = apply(spec, ["algo.async_steps=0"])
+    # DeepSpeed's choices are the synchronous run's: it offloads nothing to make room for the awake engine
+    assert (spec.train.zero_stage, spec.train.offload_optimizer) == (sync.train.zero_stage, sync.train.offload_optimizer)
+    assert spec.train.offload_optimizer is False
     est = memory.estimate(spec)
     share = 0.8 * spec.hardware.device_memory_gb
     assert est.figures["training phase"]["vLLM (awake)"] == pytest.approx(share)
@@ -102,7 +108,6 @@ def test_async_that_does_not_fit_beside_the_engine_stops_with_the_fix():
     bigger = apply(spec, [f"rollout.gpu_memory_utilization={named + 0.1:g}"])
     assert not memory.fits(bigger)
     # without async the engine sleeps through the update and the same run fits
-    sync = apply(spec, ["algo.async_steps=0"])
     assert sync.placement.sleep_rollout is True and memory.fits(sync)
     assert "→ a setting that fits: rollout.gpu_memory_utilization=" in render_plan(spec)
 
