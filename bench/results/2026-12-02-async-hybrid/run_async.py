@@ -37,7 +37,7 @@ def mean(rows, key, skip=0):
 
 
 for algo in algos:
-    for k in (0, 1):
+    for k in map(int, os.environ.get("ARMS", "0,1").split(",")):  # ARMS=1: the async run alone
         extra = ["algo.dynamic_sampling=false"] if algo == "dapo" else []
         out = Path(f"{ROOT}/runs/{algo}-a{k}-s{seed}")
         if out.exists():
