@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.plan.advice import merge_overrides, setting_that_fits, suggestions
+from rlhf.plan.advice import apply, merge_overrides, setting_that_fits, suggestions
 from rlhf.plan import disk, memory
 from rlhf.plan.memory import (
     HOST,
@@ -26,6 +26,7 @@ from rlhf.plan.memory import (
     over_limit,
     param_count,
 )
+from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.shape import shape_line
 from rlhf.storage import human, unit_of
@@ -118,8 +119,6 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
 
 def _engine_gb(spec: RunSpec, est: Estimate) -> float:
     """GB per GPU the rollout engine keeps through hybrid's training phase (its kind's parts)."""
-    from rlhf.rollout import registry as engines
-
     parts = engines.kind(spec).memory_parts()
     return sum(v for k, v in est.figures.get("training phase", {}).items() if k in parts)
 
@@ -133,14 +132,12 @@ def async_line(spec: RunSpec, est: Estimate) -> Optional[str]:
     tis = f"truncated IS, algo.tis_cap={spec.algo.tis_cap:g}"
     head = f"async: step t+1{'…t+' + str(k) if k > 1 else ''} sampled during step t's update (≤ {k} update{'s' if k > 1 else ''} stale; {tis})"
     if memory.overlaps_update(spec):
-        from rlhf.plan.advice import apply
-
         sync = apply(spec, ["algo.async_steps=0"])
         than = f"; {estimate(sync).total('training phase'):.1f} GB with algo.async_steps=0" if sync is not None else ""
         cost = (f"{spec.rollout_engine} stays awake beside the update: the training phase holds its "
                 f"{_engine_gb(spec, est):.1f} GB per GPU too ({est.total('training phase'):.1f} GB{than}); "
-                "no sleep or wake, and the training states stay on the GPU (no offload)")
-    elif spec.layout.rollout_beside_training:
+                "no sleep or wake, and the training states stay on the GPU between updates")
+    elif spec.layout.rollout_beside_training:  # CPU
         cost = "the rollout engines run in processes of their own, beside the trainers', so that they generate during the update"
     else:
         cost = "the engines have devices of their own: no memory cost"

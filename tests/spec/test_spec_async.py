@@ -72,7 +72,7 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     line = next(l for l in text.splitlines() if l.startswith("async:"))
     assert_clear(line, "≤ 1 update stale", "algo.tis_cap=2", "vllm stays awake beside the update",
                  f"its {share:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
-                 "no offload")
+                 "the training states stay on the GPU between updates")
     assert "vLLM stays awake during training (auto: algo.async_steps=1" in text
 
 
