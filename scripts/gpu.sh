@@ -58,6 +58,7 @@ update-speed|0|300|$PY -m bench.update_speed
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
+grpo-async|0|540|bash scripts/async_gpu.sh
 bench-e2e-trl|0|560|$PY -m bench.e2e_trl ${E2E_ARGS:-}
 matrix|0|580|$PY -m bench.matrix
 learn|0|580|bash scripts/learn_gpu.sh

@@ -13,7 +13,13 @@ sampling, ``rlhf.algos.policy_loss``). Metrics: ``async/staleness`` (updates bet
 and the training policy), ``async/generate_s`` (wall time of the prefetched generation) and
 ``async/overlap_s`` (the part of it hidden behind the update).
 
-Limits: not with ``algo.dynamic_sampling``, ``env.fn`` or hybrid GPU placement (validation says so);
+Placement: any. Where the engines share GPUs with the trainers (hybrid), the build keeps them awake
+and the training states resident (``placement.sleep_rollout`` / ``offload_train_state`` auto, the
+plan's training phase holding both; ``rlhf.plan.auto``), so the schedule moves no memory and the
+weight sync (CUDA IPC) waits for the generation in flight like the disaggregated NCCL one. On CPU
+the rollout workers get processes of their own (``rlhf.launch.group.can_colocate``).
+
+Limits: not with ``algo.dynamic_sampling`` or ``env.fn`` (validation says so);
 a checkpoint taken at step t records the data source after the k read-ahead batches, so a resumed
 run skips those k batches (its samples are otherwise the same).
 """

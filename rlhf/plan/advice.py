@@ -183,7 +183,12 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         if auto is not None:  # what auto would pick instead of the pinned values
             out.append([f"{k}={_fmt(_get(auto, k))}" for k in pinned if _get(auto, k) != _get(spec, k)])
         if spec.layout.rollout_beside_training and not pl.sleep_rollout:
-            out.append(["placement.sleep_rollout=true"])
+            # awake beside the update: a smaller share first (async keeps its overlap), then sleep
+            weights = engines.kind(spec).gpu_memory(spec, param_count(m)).get("vLLM weights", 0.0)
+            for share in _smaller_shares(spec, weights):
+                out.append([f"rollout.gpu_memory_utilization={share:g}", "#awake-share"])
+            # async_steps > 0 is what keeps it awake (auto); otherwise the setting itself
+            out.append(["algo.async_steps=0"] if "placement.sleep_rollout" in decided else ["placement.sleep_rollout=true"])
         if name in ("training phase", "actor", "critic"):
             if not m.gradient_checkpointing:
                 out.append(["model.gradient_checkpointing=true"])
@@ -221,11 +226,16 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             out.append(_hardware(spec, hw.nodes, need) + [f"placement.rollout.tensor_parallel={need}"])
         if spec.layout.rollout_beside_training and pl.offload_train_state is False and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=true"])
-        u = spec.rollout.gpu_memory_utilization
-        for tenth in range(math.ceil(u * 10) - 1, 0, -1):  # the largest share that fits and leaves KV room
-            if weights <= tenth / 10 * hw.device_memory_gb / 2:
-                out.append([f"rollout.gpu_memory_utilization={tenth / 10:g}", "#share"])
+        for share in _smaller_shares(spec, weights):
+            out.append([f"rollout.gpu_memory_utilization={share:g}", "#share"])
     return [c for c in out if [o for o in c if not o.startswith("#")]]
+
+
+def _smaller_shares(spec: RunSpec, weights: float) -> list[float]:
+    """rollout.gpu_memory_utilization values below the current one, in tenths, largest first, that
+    leave at least half of the share to the KV cache beside vLLM's ``weights`` (GB per GPU)."""
+    u, mem = spec.rollout.gpu_memory_utilization, spec.hardware.device_memory_gb
+    return [t / 10 for t in range(math.ceil(u * 10) - 1, 0, -1) if weights <= t / 10 * mem / 2]
 
 
 def suggestions(spec: RunSpec, est: Estimate, name: str) -> list[Suggestion]:

@@ -18,8 +18,14 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
   Liger does not cover then runs without.
 - ``train.compile_logprobs`` auto: on for CUDA runs (inductor's fused kernels for the LM head's
   chunk passes; measured 1.43× on the actor's forward+backward at 0.5B, BENCHMARKS §6).
+- ``placement.sleep_rollout`` auto: the engines sleep while the models beside them train, unless
+  ``algo.async_steps`` > 0 has them generate the next step during the update (``overlaps_update``):
+  then vLLM stays awake through the training phase, which must hold both (the plan's fit check).
+  ZeRO and optimizer offload are then decided as for the synchronous run, with the engine asleep:
+  DeepSpeed does not move its states to the host to make room for an engine that async keeps awake.
 - ``placement.offload_train_state`` auto: in hybrid placement on GPUs, the training states stay on
   the GPU while vLLM generates when both phases fit that way; otherwise they move to host memory.
+  With async rollouts they stay: the engines generate while the update runs, not between updates.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import importlib.util
 from typing import Optional
 
 from rlhf.rollout import registry as engines
-from rlhf.plan.memory import HOST, Estimate, capacity, estimate, training_figure
+from rlhf.plan.memory import HOST, Estimate, capacity, estimate, overlaps_update, training_figure
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
 from rlhf.spec.tokens import micro_batch_tokens
@@ -67,7 +73,15 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         spec.train.compile_logprobs = spec.hardware.accelerator == "cuda"
         out.append(Decision("train.compile_logprobs", AUTO, spec.train.compile_logprobs,
                             "" if spec.train.compile_logprobs else "CPU run"))
-    out.extend(_zero_and_offload(spec))
+    out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps
+    if overlaps_update(spec):
+        # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an
+        # engine that async keeps awake (the plan's fit check says whether both fit, and what to lower)
+        spec.placement.sleep_rollout = True
+        out.extend(_zero_and_offload(spec))
+        spec.placement.sleep_rollout = False
+    else:
+        out.extend(_zero_and_offload(spec))
     out.extend(_train_state(spec))
     return tuple(out)
 
@@ -176,6 +190,20 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     return out
 
 
+def _sleep_rollout(spec: RunSpec) -> list[Decision]:
+    """``placement.sleep_rollout`` auto: asleep during training unless the engines generate then
+    (async rollouts); the reason is printed only where the engine would otherwise sleep."""
+    pl = spec.placement
+    if pl.sleep_rollout != AUTO:
+        return []
+    k = getattr(spec.algo, "async_steps", 0)
+    pl.sleep_rollout = k <= 0
+    shared = (spec.hardware.accelerator == "cuda" and "rollout" in spec.roles and spec.layout.rollout_beside_training
+              and engines.kind(spec).sleeps)
+    why = f"algo.async_steps={k}: the engines sample the next step during the update" if shared and k > 0 else ""
+    return [Decision("placement.sleep_rollout", AUTO, pl.sleep_rollout, why)]
+
+
 def _train_state(spec: RunSpec) -> list[Decision]:
     pl = spec.placement
     if pl.offload_train_state != AUTO:
@@ -183,6 +211,10 @@ def _train_state(spec: RunSpec) -> list[Decision]:
     if not (spec.layout.one_pool and spec.hardware.accelerator == "cuda" and "rollout" in spec.roles):
         pl.offload_train_state = True  # no generation phase shares these GPUs: nothing to decide
         return [Decision("placement.offload_train_state", AUTO, True, "")]
+    if overlaps_update(spec):  # the engines generate during the update: offloading would not make them room
+        pl.offload_train_state = False
+        return [Decision("placement.offload_train_state", AUTO, False,
+                         f"algo.async_steps={spec.algo.async_steps}: the engines generate while the update runs")]
     cap = capacity(spec, "generation phase")  # every GPU figure's
     pl.offload_train_state = False
     est = estimate(spec)

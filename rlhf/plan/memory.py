@@ -371,7 +371,9 @@ def estimate(spec: RunSpec) -> Estimate:
         if rollout and cuda:
             train_phase.update(engine.resident_while_training(spec, p_policy))
         est.figures["training phase"] = train_phase
-        if rollout:
+        # async rollouts on these GPUs: the engines generate during the update, so the training
+        # phase holds both and generation alone (a part of it) is no figure of its own
+        if rollout and not overlaps_update(spec):
             gen = engine.gpu_memory(spec, p_policy) if cuda else {}
             if pl.offload_train_state:
                 # DeepSpeed moves what its optimizer holds (rlhf.workers.sync_cuda.TrainStates);
@@ -429,6 +431,14 @@ def teacher_offloaded(spec: RunSpec) -> bool:
     hybrid placement on GPU, the teacher not ZeRO-3-partitioned (``rlhf.workers.frozen.TeacherWorker``)."""
     return ("teacher" in spec.roles and spec.algo.teacher.offload and spec.hardware.accelerator == "cuda"
             and spec.layout.rollout_beside_training and spec.train.zero_stage != 3)
+
+
+def overlaps_update(spec: RunSpec) -> bool:
+    """On GPU, the rollout engines generate during the update on the trained roles' devices
+    (``algo.async_steps`` > 0 in a placement that shares them): they stay awake through the training
+    phase (``placement.sleep_rollout`` auto resolves to false), whose figure then holds both at once."""
+    return (getattr(spec.algo, "async_steps", 0) > 0 and "rollout" in spec.roles
+            and spec.hardware.accelerator == "cuda" and spec.layout.rollout_beside_training)
 
 
 def no_slack(spec: RunSpec) -> tuple[str, ...]:

@@ -35,11 +35,13 @@ def oom_message(spec: RunSpec, phase: str) -> str:
     """``CUDA out of memory in the <phase> phase: the plan estimated …; try …``: the settings are the
     plan's own checked suggestions (rlhf.plan.advice) that lower that phase's figure."""
     from rlhf.plan.advice import suggestions
-    from rlhf.plan.memory import estimate
+    from rlhf.plan.memory import estimate, overlaps_update
 
     est = estimate(spec)
     generation = phase == "generate"
-    if spec.layout.one_pool:  # the weight sync wakes the engines: their share is what grows
+    if overlaps_update(spec):  # async on shared GPUs: the engine generates beside the update, one figure holds both
+        figure = "training phase"
+    elif spec.layout.one_pool:  # the weight sync wakes the engines: their share is what grows
         figure = spec.layout.figure("rollout", generating=generation or phase == "sync")
     else:
         figure = spec.layout.figure("rollout" if generation else ROLE_OF_PHASE.get(phase, "actor"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from rlhf.plan.advice import merge_overrides, setting_that_fits, suggestions
+from rlhf.plan.advice import apply, merge_overrides, setting_that_fits, suggestions
 from rlhf.plan import disk, memory
 from rlhf.plan.memory import (
     HOST,
@@ -26,6 +26,7 @@ from rlhf.plan.memory import (
     over_limit,
     param_count,
 )
+from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.shape import shape_line
 from rlhf.storage import human, unit_of
@@ -71,6 +72,9 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
         for name, total in over.items():
             if name != HOST:
                 what = f"the {name}" if name.endswith("phase") else f"each {name} GPU"
+                if name == "training phase" and memory.overlaps_update(spec):  # async: the engine is part of it
+                    what = (f"algo.async_steps={spec.algo.async_steps} keeps {spec.rollout_engine} awake beside the "
+                            f"update (its {_engine_gb(spec, est):.1f} GB), so {what}")
                 out.append(
                     f"✗ does not fit: {what} needs ~{total:.0f} GB, the GPU has {hw.device_memory_gb:g} GB "
                     f"({memory.FIT_MARGIN:.0%} usable). {_advice(spec, est, name)}"
@@ -111,6 +115,33 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             "Use placement.rollout.engines=0 (as many as fit)."
         )
     return out
+
+
+def _engine_gb(spec: RunSpec, est: Estimate) -> float:
+    """GB per GPU the rollout engine keeps through hybrid's training phase (its kind's parts)."""
+    parts = engines.kind(spec).memory_parts()
+    return sum(v for k, v in est.figures.get("training phase", {}).items() if k in parts)
+
+
+def async_line(spec: RunSpec, est: Estimate) -> Optional[str]:
+    """What ``algo.async_steps`` > 0 does and costs: how stale a batch is, its correction, and where
+    the overlap comes from (an engine awake beside the update, devices of their own, a process of its own)."""
+    k = getattr(spec.algo, "async_steps", 0)
+    if k <= 0 or "rollout" not in spec.roles:
+        return None
+    tis = f"truncated IS, algo.tis_cap={spec.algo.tis_cap:g}"
+    head = f"async: step t+1{'…t+' + str(k) if k > 1 else ''} sampled during step t's update (≤ {k} update{'s' if k > 1 else ''} stale; {tis})"
+    if memory.overlaps_update(spec):
+        sync = apply(spec, ["algo.async_steps=0"])
+        than = f"; {estimate(sync).total('training phase'):.1f} GB with algo.async_steps=0" if sync is not None else ""
+        cost = (f"{spec.rollout_engine} stays awake beside the update: the training phase holds its "
+                f"{_engine_gb(spec, est):.1f} GB per GPU too ({est.total('training phase'):.1f} GB{than}); "
+                "no sleep or wake, and the training states stay on the GPU between updates")
+    elif spec.layout.rollout_beside_training:  # CPU
+        cost = "the rollout engines run in processes of their own, beside the trainers', so that they generate during the update"
+    else:
+        cost = "the engines have devices of their own: no memory cost"
+    return f"{head} · {cost}"
 
 
 def _amount(gb: float) -> str:
@@ -192,6 +223,7 @@ def _decisions(spec: RunSpec) -> list[str]:
     shown = {
         "train.zero_stage": lambda v: f"ZeRO-{v}",
         "train.offload_optimizer": lambda v: "optimizer offloaded" if v else "optimizer on the GPU",
+        "placement.sleep_rollout": lambda v: "vLLM sleeps during training" if v else "vLLM stays awake during training",
         "placement.offload_train_state": lambda v: (
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
@@ -300,6 +332,9 @@ def render_plan(spec: RunSpec) -> str:
         lines.extend(_node_lines(spec))
 
     est = estimate(spec)
+    overlap = async_line(spec, est)
+    if overlap:
+        lines.append(overlap)
     if gpu:
         lines.append("memory per GPU (GB; formulas in docs/memory.md):")
         for name, parts in est.figures.items():

@@ -363,7 +363,9 @@ class PlacementSpec(Frozen):
     reward: int = doc(0, "disaggregated: devices of the reward model (0 = not used).")
     teacher: int = doc(0, "disaggregated: devices of the distillation teacher (0 = automatic when there is one).")
     rollout: RolloutPlacement = docf(RolloutPlacement, "The generation engines.")
-    sleep_rollout: bool = doc(True, "hybrid: vLLM releases its weights and KV cache while training runs.")
+    sleep_rollout: Any = doc("auto", "hybrid: vLLM releases its weights and KV cache while training runs: "
+                             "auto | true | false. auto sleeps unless algo.async_steps > 0, whose engines "
+                             "generate during the update (vLLM then stays awake beside it).")
     offload_train_state: Any = doc("auto", "hybrid: DeepSpeed's states leave the GPU while vLLM generates: "
                                    "auto | true | false. auto keeps them when the generation phase fits "
                                    "with them resident, since moving them costs time every step.")

@@ -11,7 +11,10 @@ One step::
 
 Memory moves only in hybrid placement on GPU with vLLM (``placement.sleep_rollout``,
 ``placement.offload_train_state``). Elsewhere (CPU, disaggregated, HF rollouts) ``to_train``
-does nothing and ``to_generate`` only sends the weights.
+does nothing and ``to_generate`` only sends the weights. Async rollouts (``algo.async_steps`` > 0)
+need no case here: the build resolves both settings to false on shared GPUs (``rlhf.plan.auto``),
+so vLLM stays awake while the next step generates beside the update, and the send lands after that
+generation (a rollout worker runs its calls in order).
 
 The weight sync is a transport with one method, ``send() -> metrics``, and ``setup_metrics``, the
 figures of its one-time setup (the RL loop logs them with the first step's metrics);

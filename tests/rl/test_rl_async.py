@@ -1,6 +1,9 @@
-"""Async rollouts (algo.async_steps=1): generation of step t+1 overlaps the update of step t."""
+"""Async rollouts (algo.async_steps=1) in hybrid placement: generation of step t+1 overlaps the update
+of step t."""
 
 from __future__ import annotations
+
+import yaml
 
 from tests.helpers import fifth_means, record_learning, run_rl
 
@@ -14,6 +17,9 @@ def test_async_one_step_learns_and_overlaps(rl_env, tmp_path):
                         tmp_path / "async")
     assert code == 0
     assert len(rows) == STEPS
+    # the default placement, hybrid: the engine shares the trainers' device and (auto) never sleeps
+    placement = yaml.safe_load((tmp_path / "async" / "spec.yaml").read_text())["placement"]
+    assert placement["mode"] == "hybrid" and placement["sleep_rollout"] is False
     assert rows[0]["async/staleness"] == 0.0  # the first batch is sampled before any update
     assert all(r["async/staleness"] == 1.0 for r in rows[1:])
     # the prefetched generation ran while the trainer updated: part of it was hidden behind the update

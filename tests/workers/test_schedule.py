@@ -111,6 +111,18 @@ def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
         ("actor", "gpu_sync_send"), ("rollout", "engine_wake")]
 
 
+def test_hybrid_gpu_with_the_engine_awake_moves_no_state(run):
+    # async rollouts (placement.sleep_rollout and offload_train_state resolved to false): vLLM keeps
+    # generating beside the update, so nothing sleeps, wakes or leaves; the send is all that moves
+    start, to_train, to_generate, train, gen, _ = run(sleep=False, offload=False)
+    assert [m for _, m, _ in start] == ["gpu_sync_setup"]
+    assert to_train == [] and train == {}
+    assert [(r, m) for r, m, _ in to_generate] == [
+        ("actor", "release_cuda_cache"), ("critic", "release_cuda_cache"), ("reference", "release_cuda_cache"),
+        ("actor", "gpu_sync_send")]
+    assert "time/wake_weights" not in gen and "time/wake_kv_cache" not in gen
+
+
 @pytest.mark.parametrize("device,mode", [("cuda", "disaggregated"), ("cpu", "hybrid"), ("cpu", "disaggregated")])
 def test_elsewhere_only_the_weights_move(run, device, mode):
     start, to_train, to_generate, train, gen, setup = run(device=device, mode=mode)

@@ -18,6 +18,7 @@ from rlhf.algos.registry import (
     plugin_problem,
 )
 from rlhf.placement import registry as placements
+from rlhf.rollout import registry as engines
 from rlhf.spec.rules import Sections
 from rlhf.spec.rules.checks import choice
 from rlhf.spec.schema import RLAlgo
@@ -47,6 +48,16 @@ def _rollout_beside_training(s: Sections, roles: tuple[str, ...]) -> bool:
     except Exception:  # noqa: BLE001 - an unknown placement or a plugin that does not import
         return False
     return any("rollout" in pool and ("actor" in pool or "critic" in pool) for pool in pools)
+
+
+def _engine_sleeps(s: Sections) -> bool:
+    """The run's rollout engine frees its memory while training runs (``EngineKind.sleeps``; False
+    for an unknown engine: its own message says so)."""
+    ro = s["rollout"]
+    try:
+        return engines.get(engines.resolve(ro.engine, s["hardware"].accelerator, ro.plugins), ro.plugins).sleeps
+    except Exception:  # noqa: BLE001 - an unknown engine or a plugin that does not import
+        return False
 
 
 def problems(s: Sections, roles: tuple[str, ...]) -> list[str]:
@@ -189,9 +200,17 @@ def _async_problems(s: Sections, roles: tuple[str, ...]) -> list[str]:
                      "(2.0 is usual) for the importance-sampling correction.")
         if algo.dynamic_sampling:
             p.append("algo.async_steps > 0 with algo.dynamic_sampling=true is not supported: turn one off.")
-        if s["hardware"].accelerator == "cuda" and _rollout_beside_training(s, roles):
-            p.append("algo.async_steps > 0 needs rollout engines beside the trainers: use placement=disaggregated "
-                     "(hybrid GPUs sleep vLLM while training).")
+        if s["hardware"].accelerator == "cuda" and _rollout_beside_training(s, roles) and _engine_sleeps(s):
+            # the engines generate during the update on the trainers' GPUs: neither side may move out
+            pl, k = s["placement"], algo.async_steps
+            if pl.sleep_rollout is True:
+                p.append(f"algo.async_steps={k} has the rollout engines generate during the update on the same GPUs, "
+                         "but placement.sleep_rollout=true puts them to sleep then. Use placement.sleep_rollout=auto "
+                         "(awake under async), or algo.async_steps=0.")
+            if pl.offload_train_state is True:
+                p.append(f"algo.async_steps={k} updates while the rollout engines generate on the same GPUs, but "
+                         "placement.offload_train_state=true moves the training states out for them. Use "
+                         "placement.offload_train_state=auto (resident under async), or algo.async_steps=0.")
         if s.get("env") is not None and s["env"].fn is not None:
             p.append("algo.async_steps > 0 with env.fn is not supported: set algo.async_steps=0.")
     return p

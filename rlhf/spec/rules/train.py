@@ -26,7 +26,7 @@ def problems(s: Sections, roles: tuple[str, ...], batch_math: bool = True) -> li
 
 def memory_problems(s: Sections) -> list[str]:
     """train.zero_stage / offload_optimizer / max_tokens_per_micro_batch / compile_logprobs /
-    expandable_segments, placement.offload_train_state."""
+    expandable_segments, placement.offload_train_state / sleep_rollout."""
     train, rollout, pl, hw, p = s["train"], s["rollout"], s["placement"], s["hardware"], []
     for key, value, fix in (("train.compile_logprobs", train.compile_logprobs, "auto (on for CUDA runs) or false"),
                             ("train.expandable_segments", train.expandable_segments, "false")):
@@ -43,6 +43,7 @@ def memory_problems(s: Sections) -> list[str]:
     auto_bool(p, "train.compile_logprobs", train.compile_logprobs, "on for CUDA runs")
     auto_bool(p, "placement.offload_train_state", pl.offload_train_state,
               "offload only when the training states and vLLM do not fit side by side")
+    auto_bool(p, "placement.sleep_rollout", pl.sleep_rollout, "asleep during training unless algo.async_steps > 0")
     budget = train.max_tokens_per_micro_batch
     seq = sequence_tokens(s["algo"], s["data"], rollout)
     if budget is not None and s["algo"].kind != "rl":
