@@ -32,7 +32,7 @@ def test_run_with_remote_reward(rl_env, tmp_path, server):
     code, rows = run_rl([
         "algo=grpo", "train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1",
         f"train.steps={STEPS}", "reward=remote", f"reward.remote.urls=[{server.url}]", "reward.remote.batch_size=24",
-        "reward.remote.concurrency=2",
+        "reward.remote.concurrency=2", "tracking=none",  # the test reads metrics.jsonl alone
         "reward.functions=[{fn: 'rlhf.rewards.builtin:keymap_reward', weight: 0.0, name: local}]",
     ], tmp_path / "remote")
     assert code == 0
