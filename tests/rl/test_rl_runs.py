@@ -10,7 +10,9 @@ The short runs (a few steps each) read only metrics.jsonl: no tracker (``trackin
 metrics). Two of them sample through the plugin engine of tests/rl/engine_plugin.py (``logged_hf``:
 the HF engine behind a wrapper that notes each call; on CPU the same samples and the same weight
 transport as ``hf``), so that one run is both a placement check and the plugin engine's run in
-that placement: the ZeRO-2 run (hybrid) and the disaggregated run.
+that placement: the ZeRO-2 run (hybrid) and the disaggregated run. The data-parallel run is scored
+by a reward server on localhost (``reward.remote``, serving the built-in reward: the same rewards),
+so that it is the remote reward's run too.
 """
 
 from __future__ import annotations
@@ -131,12 +133,11 @@ def test_hybrid_equals_disaggregated(grpo_hybrid, disaggregated_run):
 
 
 @pytest.mark.parametrize("placement", ["hybrid", "disaggregated"])
-def test_plugin_engine_runs_the_rl_loop(request, placement):
+def test_plugin_engine_runs_the_rl_loop(zero2_run, disaggregated_run, placement):
     """The plugin engine (tests/rl/engine_plugin.py) ran the RL loop in both placements (one CPU
     slot: every role in one process; 3 slots: a process each); tests/rl/test_rl_engine_plugin.py
     checks that the spec, the plan and validation know it."""
-    run, overrides = {"hybrid": ("zero2_run", ZERO2), "disaggregated": ("disaggregated_run", DISAGGREGATED)}[placement]
-    run = request.getfixturevalue(run)
+    run, overrides = {"hybrid": (zero2_run, ZERO2), "disaggregated": (disaggregated_run, DISAGGREGATED)}[placement]
     spec = make_spec(overrides, run["dir"] / "probe")
     assert spec.rollout_engine == "logged_hf" and spec.layout.mode == placement
     steps = spec.train.steps
@@ -150,14 +151,63 @@ def test_plugin_engine_runs_the_rl_loop(request, placement):
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in run["rows"])
 
 
-def test_one_equals_two_data_parallel_ranks(grpo_hybrid, tmp_path):
-    # hybrid on 2 slots: actor ×2 (DP), reference ×2, rollout engines ×2; same global batch
-    dp2 = GRPO + SHORT + [f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2"]
-    spec = make_spec(dp2, tmp_path / "x")
+@pytest.fixture(scope="module")
+def reward_server():
+    """A reward server on localhost serving the built-in task's reward, counting the samples of each call."""
+    from rlhf.rewards.builtin import keymap_reward
+    from rlhf.rewards.server import RewardServer
+
+    calls = []
+
+    def counted(prompts, responses, **meta):
+        calls.append(len(responses))
+        return keymap_reward(prompts, responses, **meta)
+
+    srv = RewardServer(counted).start()
+    srv.calls = calls
+    yield srv
+    srv.close()
+
+
+def _dp2(url: str) -> list[str]:
+    """Hybrid on 2 slots: actor ×2 (DP), reference ×2, rollout engines ×2; same global batch. Scored by
+    the reward server (weight 1; ``reward.remote``) and by the same function run locally with weight
+    0, so the rewards are the defaults' and each step's remote part must equal the local part."""
+    return GRPO + SHORT + [f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2",
+                           "reward=remote", f"reward.remote.urls=[{url}]", "reward.remote.batch_size=24",
+                           "reward.remote.concurrency=2",
+                           "reward.functions=[{fn: 'rlhf.rewards.builtin:keymap_reward', weight: 0.0, name: local}]"]
+
+
+@pytest.fixture(scope="module")
+def dp2_run(rl_env, reward_server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "dp2"
+    code, rows = run_rl(_dp2(reward_server.url), out)
+    return {"code": code, "rows": rows, "dir": out}
+
+
+def test_one_equals_two_data_parallel_ranks(grpo_hybrid, dp2_run, reward_server):
+    spec = make_spec(_dp2(reward_server.url), dp2_run["dir"] / "probe")
     assert spec.batch.train_world_size == 2
-    code, rows = run_rl(dp2, tmp_path / "dp2")
-    assert code == 0
-    _same_metrics(grpo_hybrid["rows"], rows, EQUAL_STEPS)
+    assert dp2_run["code"] == 0
+    _same_metrics(grpo_hybrid["rows"], dp2_run["rows"], EQUAL_STEPS)
+
+
+def test_run_with_remote_reward(dp2_run, reward_server):
+    """A run scored by a reward server on localhost (tests/rl/test_rl_remote_reward.py checks a
+    server that does not answer): every sample went to the server, in batches of at most
+    ``reward.remote.batch_size``, and the service's part equals the same function's run locally."""
+    rows = dp2_run["rows"]
+    spec = make_spec(_dp2(reward_server.url), dp2_run["dir"] / "probe")
+    assert dp2_run["code"] == 0
+    assert len(rows) == EQUAL_STEPS
+    samples = EQUAL_STEPS * spec.train.prompts_per_step * spec.algo.group_size
+    assert sum(reward_server.calls) >= samples // spec.algo.group_size  # the samples went to the server, in batches
+    assert max(reward_server.calls) <= 24
+    for r in rows:
+        assert r["reward/remote/mean"] == pytest.approx(r["reward/local/mean"], abs=1e-6)
+        assert r["reward/mean"] == pytest.approx(r["reward/remote/mean"], abs=1e-6)
+    assert any(r["reward/remote/mean"] > 0 for r in rows)
 
 
 def test_no_leftovers_after_run(grpo_hybrid):
