@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
-def test_e2e_bench_runs_our_side_and_reports_each_pass(rl_env, tmp_path):
+def test_e2e_bench_runs_our_side_and_reports_each_pass(rlhf_cache, tmp_path):
+    # the session's cache only: our side's run starts a Ray of its own (this process needs none)
     (tmp_path / "out").mkdir()
-    env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1", OUT=str(tmp_path / "out"))
+    env = dict(os.environ, RLHF_CACHE=str(rlhf_cache), PYTHONUNBUFFERED="1", OUT=str(tmp_path / "out"))
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, "-m", "bench.e2e_trl", "--cpu-test", "--sides", "ours", "--kl", "0.001",
                         "--max-new", "8", "--warmup", "1", "--steps", "2", "--ours-extra", "algo.tis_cap=2",

@@ -5,10 +5,19 @@ defaults, as `rlhf-run` runs them) is the learning test of grpo, the baseline of
 placement/data-parallel equality tests, and the run that MLflow and the cleanup tests read back.
 The other RL algorithms' learning tests are in test_rl_learning.py (a file of their own, so that
 the two test workers share the runs).
+
+The short runs (a few steps each) read only metrics.jsonl: no tracker (``tracking=none``, the same
+metrics). Two of them sample through the plugin engine of tests/rl/engine_plugin.py (``logged_hf``:
+the HF engine behind a wrapper that notes each call; on CPU the same samples and the same weight
+transport as ``hf``), so that one run is both a placement check and the plugin engine's run in
+that placement: the ZeRO-2 run (hybrid) and the disaggregated run. The data-parallel run is scored
+by a reward server on localhost (``reward.remote``, serving the built-in reward: the same rewards),
+so that it is the remote reward's run too.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -19,6 +28,13 @@ from tests.rl.conftest import assert_learned
 EQUAL_STEPS = 3
 TOY = ["train.prompts_per_step=16", "rollout.max_response_tokens=4", "train.seed=1"]
 GRPO = ["algo=grpo"]  # the defaults: what `rlhf-run` runs
+SHORT = ["tracking=none"]  # the short runs: their metrics.jsonl is all the tests read
+# a rollout engine added from a plugin module alone (nothing in rlhf/ names it)
+PLUGIN_ENGINE = ["rollout.plugins=[tests.rl.engine_plugin]", "rollout.engine=logged_hf"]
+ZERO2 = GRPO + SHORT + PLUGIN_ENGINE + ["train.steps=2", "train.zero_stage=2"]
+# disaggregated on 3 CPU slots: actor 1, reference 1, rollout 1, a process each (vs all on one slot)
+DISAGGREGATED = GRPO + SHORT + PLUGIN_ENGINE + [f"train.steps={EQUAL_STEPS}", "placement=disaggregated",
+                                                "hardware.devices_per_node=3"]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +74,9 @@ def test_optimizer_step_time_is_split_from_the_passes(grpo_hybrid):
 
 @pytest.fixture(scope="module")
 def zero2_run(rl_env, tmp_path_factory):
-    """Two GRPO steps under ZeRO-2. Its weight transport (the object store, which sets nothing up)
-    reports a stand-in setup figure, as the GPU transport reports its seconds."""
+    """Two GRPO steps under ZeRO-2, sampled by the plugin engine. Its weight transport (the object
+    store, which sets nothing up) reports a stand-in setup figure, as the GPU transport reports its
+    seconds."""
     import rlhf.workers.schedule as schedule
 
     make_transport = schedule.make_transport
@@ -71,8 +88,9 @@ def zero2_run(rl_env, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(schedule, "make_transport", with_setup_figure)
-        code, rows = run_rl(GRPO + ["train.steps=2", "train.zero_stage=2"], tmp_path_factory.mktemp("outputs") / "z2")
-    return {"code": code, "rows": rows}
+        out = tmp_path_factory.mktemp("outputs") / "z2"
+        code, rows = run_rl(ZERO2, out)
+    return {"code": code, "rows": rows, "dir": out}
 
 
 def test_grad_norm_is_the_steps_own_under_zero2(grpo_hybrid, zero2_run):
@@ -102,21 +120,94 @@ def _same_metrics(a: list[dict], b: list[dict], n: int) -> None:
             assert math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-5), (step, k, x, y)
 
 
-def test_hybrid_equals_disaggregated(grpo_hybrid, tmp_path):
-    # disaggregated on 3 CPU slots: actor 1, reference 1, rollout 1 (vs all on one slot)
-    code, rows = run_rl(GRPO + [f"train.steps={EQUAL_STEPS}", "placement=disaggregated",
-                               "hardware.devices_per_node=3"], tmp_path / "disagg")
-    assert code == 0
-    _same_metrics(grpo_hybrid["rows"], rows, EQUAL_STEPS)
+@pytest.fixture(scope="module")
+def disaggregated_run(rl_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "disagg"
+    code, rows = run_rl(DISAGGREGATED, out)
+    return {"code": code, "rows": rows, "dir": out}
 
 
-def test_one_equals_two_data_parallel_ranks(grpo_hybrid, tmp_path):
-    # hybrid on 2 slots: actor ×2 (DP), reference ×2, rollout engines ×2; same global batch
-    spec = make_spec(GRPO + [f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2"], tmp_path / "x")
+def test_hybrid_equals_disaggregated(grpo_hybrid, disaggregated_run):
+    assert disaggregated_run["code"] == 0
+    _same_metrics(grpo_hybrid["rows"], disaggregated_run["rows"], EQUAL_STEPS)
+
+
+@pytest.mark.parametrize("placement", ["hybrid", "disaggregated"])
+def test_plugin_engine_runs_the_rl_loop(zero2_run, disaggregated_run, placement):
+    """The plugin engine (tests/rl/engine_plugin.py) ran the RL loop in both placements (one CPU
+    slot: every role in one process; 3 slots: a process each); tests/rl/test_rl_engine_plugin.py
+    checks that the spec, the plan and validation know it."""
+    run, overrides = {"hybrid": (zero2_run, ZERO2), "disaggregated": (disaggregated_run, DISAGGREGATED)}[placement]
+    spec = make_spec(overrides, run["dir"] / "probe")
+    assert spec.rollout_engine == "logged_hf" and spec.layout.mode == placement
+    steps = spec.train.steps
+    assert run["code"] == 0 and len(run["rows"]) == steps
+    calls = [json.loads(x) for x in (run["dir"] / "engine_calls.jsonl").read_text().splitlines()]
+    generated = [c for c in calls if c["method"] == "generate"]
+    # one engine on CPU: every step's prompts went through the plugin's engine, group_size samples each
+    assert [(c["prompts"], c["n"]) for c in generated] == [(spec.train.prompts_per_step, spec.algo.group_size)] * steps
+    # and it got the weights after every update (the object-store transport of a kind without device weights)
+    assert sum(c["method"] == "load_weights" for c in calls) == steps
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in run["rows"])
+
+
+@pytest.fixture(scope="module")
+def reward_server():
+    """A reward server on localhost serving the built-in task's reward, counting the samples of each call."""
+    from rlhf.rewards.builtin import keymap_reward
+    from rlhf.rewards.server import RewardServer
+
+    calls = []
+
+    def counted(prompts, responses, **meta):
+        calls.append(len(responses))
+        return keymap_reward(prompts, responses, **meta)
+
+    srv = RewardServer(counted).start()
+    srv.calls = calls
+    yield srv
+    srv.close()
+
+
+def _dp2(url: str) -> list[str]:
+    """Hybrid on 2 slots: actor ×2 (DP), reference ×2, rollout engines ×2; same global batch. Scored by
+    the reward server (weight 1; ``reward.remote``) and by the same function run locally with weight
+    0, so the rewards are the defaults' and each step's remote part must equal the local part."""
+    return GRPO + SHORT + [f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2",
+                           "reward=remote", f"reward.remote.urls=[{url}]", "reward.remote.batch_size=24",
+                           "reward.remote.concurrency=2",
+                           "reward.functions=[{fn: 'rlhf.rewards.builtin:keymap_reward', weight: 0.0, name: local}]"]
+
+
+@pytest.fixture(scope="module")
+def dp2_run(rl_env, reward_server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "dp2"
+    code, rows = run_rl(_dp2(reward_server.url), out)
+    return {"code": code, "rows": rows, "dir": out}
+
+
+def test_one_equals_two_data_parallel_ranks(grpo_hybrid, dp2_run, reward_server):
+    spec = make_spec(_dp2(reward_server.url), dp2_run["dir"] / "probe")
     assert spec.batch.train_world_size == 2
-    code, rows = run_rl(GRPO + [f"train.steps={EQUAL_STEPS}", "hardware.devices_per_node=2"], tmp_path / "dp2")
-    assert code == 0
-    _same_metrics(grpo_hybrid["rows"], rows, EQUAL_STEPS)
+    assert dp2_run["code"] == 0
+    _same_metrics(grpo_hybrid["rows"], dp2_run["rows"], EQUAL_STEPS)
+
+
+def test_run_with_remote_reward(dp2_run, reward_server):
+    """A run scored by a reward server on localhost (tests/rl/test_rl_remote_reward.py checks a
+    server that does not answer): every sample went to the server, in batches of at most
+    ``reward.remote.batch_size``, and the service's part equals the same function's run locally."""
+    rows = dp2_run["rows"]
+    spec = make_spec(_dp2(reward_server.url), dp2_run["dir"] / "probe")
+    assert dp2_run["code"] == 0
+    assert len(rows) == EQUAL_STEPS
+    samples = EQUAL_STEPS * spec.train.prompts_per_step * spec.algo.group_size
+    assert sum(reward_server.calls) >= samples // spec.algo.group_size  # the samples went to the server, in batches
+    assert max(reward_server.calls) <= 24
+    for r in rows:
+        assert r["reward/remote/mean"] == pytest.approx(r["reward/local/mean"], abs=1e-6)
+        assert r["reward/mean"] == pytest.approx(r["reward/remote/mean"], abs=1e-6)
+    assert any(r["reward/remote/mean"] > 0 for r in rows)
 
 
 def test_no_leftovers_after_run(grpo_hybrid):
@@ -130,7 +221,7 @@ def test_no_leftovers_after_failing_run(rl_env, tmp_path, capsys):
     bad.write_text("calls = []\n\ndef reward(prompts, responses, **kw):\n    calls.append(1)\n"
                    "    if len(calls) > 1:\n        raise ValueError('boom')\n    return [0.0] * len(responses)\n")
     before = snapshot()
-    code, rows = run_rl(TOY + ["algo=dr_grpo", "train.steps=2", f"reward.functions=[{{fn: '{bad}:reward'}}]"],
+    code, rows = run_rl(TOY + SHORT + ["algo=dr_grpo", "train.steps=2", f"reward.functions=[{{fn: '{bad}:reward'}}]"],
                         tmp_path / "fail")
     assert code == 2
     err = capsys.readouterr().err
