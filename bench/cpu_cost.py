@@ -8,6 +8,8 @@ marker (children inherit it, whether or not they stay in the process tree) is sa
 ``--every`` seconds and its last seen user+system time counted once. A process that lives
 shorter than one sample is missed (its cost is then under-counted, never over-counted).
 Prints one line: ``cpu_s=... wall_s=... processes=... rc=...``; ``--json`` writes it as JSON.
+``--by-process`` adds the seconds per kind of process (the driver, ``ray::Host``, Ray's daemons), by
+the last title each had (Ray retitles a worker ``ray::<Actor>`` once it holds one).
 """
 from __future__ import annotations
 
