@@ -229,11 +229,17 @@ def check_prompt_rows(name: str, rows: list[dict], prompt_key: str) -> None:
 def prompt_lengths(spec: RunSpec, tokenizer, rows: list[dict]) -> list[int]:
     from rlhf.data.prompts import render_prompt
 
-    out = []
-    for row in rows:
-        text = render_prompt(row, spec.data, tokenizer)
+    # one batched call per kind of row (a fast tokenizer encodes a list at once, not row by row)
+    out = [0] * len(rows)
+    groups: dict[bool, tuple[list[int], list[str]]] = {}
+    for i, row in enumerate(rows):
         templated = spec.data.chat_template or isinstance(row[spec.data.prompt_key], list)
-        out.append(len(tokenizer(text, add_special_tokens=not templated)["input_ids"]))
+        at, texts = groups.setdefault(templated, ([], []))
+        at.append(i)
+        texts.append(render_prompt(row, spec.data, tokenizer))
+    for templated, (at, texts) in groups.items():
+        for i, ids in zip(at, tokenizer(texts, add_special_tokens=not templated)["input_ids"]):
+            out[i] = len(ids)
     return out
 
 

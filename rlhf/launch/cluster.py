@@ -122,8 +122,12 @@ def init_ray(spec: RunSpec, min_cpu_slots: int = 0) -> bool:
     # logging_level: Ray's own INFO lines ("Started a local Ray instance") repeat what the run prints
     # address="local": a cluster of this run's own, also when another Ray cluster runs on this
     # machine (without it ray.init joins that one); ray.address=auto joins on purpose
+    # _system_config: no idle workers started ahead (Ray starts some when the driver connects): the
+    # run's actors start their own processes anyway, and on a 1-device CPU run the two it started sat
+    # idle, ~1 s of CPU (BENCHMARKS.md, "CPU run start-up cost")
     kwargs: dict = {"address": "local", "include_dashboard": False, "runtime_env": env, "log_to_driver": True,
-                    "logging_level": logging.WARNING}
+                    "logging_level": logging.WARNING,
+                    "_system_config": {"prestart_worker_first_driver": False, "enable_worker_prestart": False}}
     if spec.device == "cpu":  # logical slots: they only gate scheduling
         kwargs["num_cpus"] = max(cpus, total, 0 if spec.ray.num_cpus else min_cpu_slots)
         kwargs["num_gpus"] = 0

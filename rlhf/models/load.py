@@ -167,9 +167,31 @@ def skip_sklearn() -> None:
         pass
 
 
+def _builtin_tokenizer(path: str) -> bool:
+    """``path`` is a built-in model's dir (``rlhf.models.builtin``), whose tokenizer is the generic
+    ``TokenizersBackend``: what ``AutoTokenizer`` resolves it to (a Llama config, no auto_map).
+    Loading that class directly skips importing ``transformers.models.auto`` (~2.5 s of CPU: its
+    modules pull in torch._dynamo and the DTensor ops), which the driver needs for nothing else."""
+    from rlhf.models.builtin import BUILTIN_MODELS
+    from rlhf.paths import cache_dir
+
+    p = Path(path)
+    if p.parent != cache_dir() / "models" or not re.fullmatch(rf"({'|'.join(map(re.escape, BUILTIN_MODELS))})-[0-9a-f]+",
+                                                              p.name):
+        return False
+    try:
+        conf = json.loads((p / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return conf.get("tokenizer_class") == "TokenizersBackend" and "auto_map" not in conf
+
+
 def load_tokenizer(path: str):
     skip_sklearn()
-    from transformers import AutoTokenizer
+    if _builtin_tokenizer(path):
+        from transformers import TokenizersBackend as AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(path)
