@@ -50,7 +50,10 @@ def rl_env(rlhf_cache):
 
         ray.init(address="local", num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"RLHF_CACHE": rlhf_cache, "OMP_NUM_THREADS": "1",
-                                           "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}})
+                                           "PYTHONPATH": REPO_ROOT, "CUDA_VISIBLE_DEVICES": ""}},
+                 # no idle workers started ahead, as rlhf.launch.cluster.init_ray: the runs' actors
+                 # start processes of their own, and each idle one cost ~1 CPU-s per test process
+                 _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
     return rlhf_cache
 
 
