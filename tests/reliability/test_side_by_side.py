@@ -1,8 +1,7 @@
 """Runs side by side, as a user starts them: real ``python -m rlhf.cli`` processes in one fresh
 directory, sharing its ``outputs/mlflow.db``. One scene, shared by the tests of this module:
 
-1. a process that took ``outputs/shared``'s run-dir lock as a run takes it (``rlhf.run_lock.RunLock``)
-   is SIGKILLed holding it (a stale lock);
+1. a run on ``outputs/shared`` is SIGKILLed right after it took the run-dir lock (a stale lock);
 2. two runs start together: R1 on ``outputs/shared`` (takes the stale lock over, with a warning)
    and R2 in its default run dir, both creating the MLflow store at once;
 3. while R1 runs, a second run on ``outputs/shared`` and a ``resume=outputs/shared`` (in this
@@ -35,8 +34,6 @@ TOY = ["algo=grpo", "train.prompts_per_step=4", "algo.group_size=2", "train.micr
        "tracking.console=plain", "ray.num_cpus=2"]  # MLflow tracking on: the default sqlite store
 TIMING = ("time/", "throughput/", "perf/")
 REPO = str(Path(__file__).resolve().parents[2])
-HOLD_LOCK = ("import sys, time; from pathlib import Path; from rlhf.run_lock import RunLock; "
-             "Path(sys.argv[1]).mkdir(parents=True, exist_ok=True); RunLock(sys.argv[1]).acquire(); time.sleep(600)")
 
 
 def _owner(lock: Path):
@@ -80,17 +77,11 @@ def scene(rl_env, tmp_path_factory):
 
     s: dict = {"fresh": fresh, "shared": shared, "logs": logs}
     try:
-        # the stale lock: a process that takes the run dir's lock as a run does (the product's own
-        # RunLock, the run dir made first) and is SIGKILLed holding it; a whole rlhf-run started
-        # for this paid a driver's imports only to be killed before its cluster
-        killed = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(shared)], cwd=fresh, env=env,
-                                  stdout=open(logs / "killed.out", "w"), stderr=open(logs / "killed.err", "w"),
-                                  start_new_session=True)
-        procs.append(killed)
+        killed = start("killed", [f"output_dir={shared}"])
         _wait(lambda: _owner(lock) == killed.pid, 300, "the first run's lock", [killed])
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(timeout=60)
-        for pid in marked_pids(marker):  # anything it had started (nothing, as a rule)
+        for pid in marked_pids(marker):  # anything it had started (it is killed before Ray starts, as a rule)
             os.kill(pid, signal.SIGKILL)
         s["killed_pid"] = killed.pid
 
