@@ -9,6 +9,8 @@ equal to the uninterrupted run's; a finished run dir rerun starts nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -92,17 +94,18 @@ def runs(rl_env, tmp_path_factory):
     # step KILL_AFTER + 1 (0-based index KILL_AFTER) was logged past the checkpoint, and is lost
     assert [r["step"] for r in read_metrics(killed)] == list(range(1, KILL_AFTER + 2))
 
-    c = _start([f"resume={killed}"], cache, tmp_path / "resume.log")
-    try:
-        # meanwhile the uninterrupted reference, in this process on the session's Ray (the
-        # built-in model comes from a fixed seed, so which cache dir holds it does not matter)
-        code, _ = run_rl([t for t in toy if not t.startswith("ray.")], full)
-        assert code == 0
-        assert c.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    finally:
-        if c.poll() is None:
-            _kill_group(c)
-    return killed, full, (tmp_path / "resume.log").read_text(), read_metrics(full)
+    # the uninterrupted reference, then the resume, both in this process on the session's Ray (the
+    # built-in model comes from a fixed seed, so which cache dir holds it does not matter); the
+    # resume is what ``rlhf-run resume=<dir>`` runs, its console captured as the log
+    code, _ = run_rl([t for t in toy if not t.startswith("ray.")], full)
+    assert code == 0
+    from rlhf.cli import main
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        code = main([f"resume={killed}"])
+    assert code == 0, log.getvalue()[-3000:]
+    return killed, full, log.getvalue(), read_metrics(full)
 
 
 def _assert_same_metrics(ref: list[dict], got: list[dict]) -> None:

@@ -184,9 +184,15 @@ def test_an_optuna_search_records_failed_trials_and_reports_the_best(tmp_path, m
     assert "best: train.steps=4  objective 4.5 (job #" in out and "sweep: 8 jobs, " in out
 
 
+# The recipe's search at toy size: each trial is a run of its own (workers, export, report), and
+# what is checked (a child run per trial with its sampled values, the best one the maximum) needs
+# only a few trials of a few steps, not the recipe's 4 × 8 steps of 16 prompts
+OPTUNA_TRIALS = 3
+
+
 @pytest.fixture(scope="module")
 def optuna_sweep(tmp_path_factory):
-    """recipe=grpo_tiny_optuna at 5 steps a trial: 4 trials in one Ray cluster, tracked in MLflow."""
+    """recipe=grpo_tiny_optuna at toy size: OPTUNA_TRIALS trials in one Ray cluster, tracked in MLflow."""
     from rlhf.sweep import multirun_main
 
     tmp = tmp_path_factory.mktemp("optuna")
@@ -196,7 +202,8 @@ def optuna_sweep(tmp_path_factory):
     old_cache = os.environ.get("RLHF_CACHE")
     os.environ["RLHF_CACHE"] = str(tmp / "cache")
     try:
-        args = cli.parse_args(["-m", "recipe=grpo_tiny_optuna", "train.steps=5", "tracking.console=none",
+        args = cli.parse_args(["-m", "recipe=grpo_tiny_optuna", f"hydra.sweeper.n_trials={OPTUNA_TRIALS}",
+                               "train.steps=2", "train.prompts_per_step=4", "tracking.console=none",
                                f"tracking.uri={uri}", "tracking.experiment=optuna", f"hydra.sweep.dir={tmp / 'sweep'}"])
         code = multirun_main(args)
     finally:
@@ -214,9 +221,9 @@ def test_optuna_search_of_grpo_tiny_in_mlflow(optuna_sweep):
 
     assert optuna_sweep["code"] == 0
     results = yaml.safe_load((optuna_sweep["dir"] / "sweep_results.yaml").read_text())
-    assert len(results) == 4 and all(r["status"] == "ok" for r in results)
+    assert len(results) == OPTUNA_TRIALS and all(r["status"] == "ok" for r in results)
     lrs = {next(o for o in r["overrides"] if o.startswith("algo.lr=")) for r in results}
-    assert len(lrs) == 4  # four sampled learning rates, each within the recipe's interval
+    assert len(lrs) == OPTUNA_TRIALS  # a sampled learning rate per trial, each within the recipe's interval
     assert all(1e-3 <= float(x.split("=")[1]) <= 2e-2 for x in lrs)
 
     client = MlflowClient(tracking_uri=optuna_sweep["uri"])
@@ -226,14 +233,14 @@ def test_optuna_search_of_grpo_tiny_in_mlflow(optuna_sweep):
     assert len(parents) == 1
     parent = parents[0]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert len(children) == OPTUNA_TRIALS and all(c.info.status == "FINISHED" for c in children)
     by_job = {int(c.data.tags["rlhf.sweep_job"]): c for c in children}
     objectives = [r["objective"] for r in results]
     for r in results:  # each child ran its trial's values; the parent holds its objective
         assert float(by_job[r["index"]].data.params["algo.lr"]) == float(
             next(o for o in r["overrides"] if o.startswith("algo.lr=")).split("=")[1])
     history = client.get_metric_history(parent.info.run_id, "sweep/objective")
-    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # the job index (Hydra numbers jobs from 0)
+    assert sorted(m.step for m in history) == list(range(OPTUNA_TRIALS))  # the job index (Hydra numbers jobs from 0)
     assert sorted(m.value for m in history) == pytest.approx(sorted(objectives))
     best = yaml.safe_load((optuna_sweep["dir"] / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(max(objectives))  # direction: maximize

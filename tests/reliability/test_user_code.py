@@ -65,9 +65,11 @@ def store(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fault", [
-    "os_exit", "segfault",
-    # the same path after the reward process's line (the unit test below covers each line): -m slow
-    pytest.param("memory", marks=pytest.mark.slow), pytest.param("sys_exit", marks=pytest.mark.slow)])
+    "os_exit",
+    # the same path after the reward process's line (test_each_fault_is_one_line_and_leaves_no_process
+    # below covers each fault's line and that no process is left, os_exit the run's path): -m slow
+    pytest.param("segfault", marks=pytest.mark.slow), pytest.param("memory", marks=pytest.mark.slow),
+    pytest.param("sys_exit", marks=pytest.mark.slow)])
 def test_user_code_that_ends_its_process_is_one_line_and_the_run_ends_clean(rl_env, tmp_path, capsys, store, fault):
     body, parts = FAULTS[fault]
     f = tmp_path / f"{fault}.py"

@@ -26,11 +26,14 @@ def mlflow_server(tmp_path):
     port = _free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = open(tmp_path / "server.log", "w")
+    # no job runner: with a SQL store and huey installed the server would also start huey consumers
+    # (the UI's background jobs, processes that import mlflow), which the tracking API does not use
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
          "--artifacts-destination", str(tmp_path / "server-artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 300  # ~10 s normally; minutes on a loaded machine
