@@ -493,6 +493,9 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
     full = {"actor": p_policy, "critic": p_value, "reference": p_policy, "reward": p_value,
             "teacher": param_count(tm) if tm is not None else 0}
     shared_reference = p_lora > 0 and lay.one_pool and spec.algo.kind == "rl"
+    # ranks of each role and engine per node, counted once (not once per node: a plan of many nodes)
+    role_ranks = {role: _per_node(devs, per_node) for role, devs in lay.roles.items()}
+    engine_ranks = [_per_node(devs, per_node) for devs in lay.engines]
     best: dict[str, float] = {}
     for node in range(nodes):
         runtime = HOST_DRIVER_GB if node == 0 else 0.0
@@ -500,7 +503,7 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
         for role, devs in lay.roles.items():
             if role == "rollout":
                 continue
-            ranks = _per_node(devs, per_node).get(node, 0)
+            ranks = role_ranks[role].get(node, 0)
             if not ranks:
                 continue
             runtime += HOST_PROCESS_GB * ranks
@@ -517,12 +520,12 @@ def host_gb(spec: RunSpec) -> dict[str, float]:
                     states += (sum(parts.values()) + b * ZERO_REDUCE_BUCKET / GB) * ranks * GB
             elif not (role == "reference" and shared_reference):
                 load += b * full[role] * ranks
-        for devs in lay.engines:
-            here = _per_node(devs, per_node).get(node, 0)
+        for counts in engine_ranks:
+            here = counts.get(node, 0)
             if here:
                 runtime += engines.kind(spec).host_gb(spec, here, HOST_PROCESS_GB)
         parts = {"runtime": runtime, "model loading": load / GB}
-        ranks = _per_node(lay.roles.get("teacher", ()), per_node).get(node, 0)
+        ranks = role_ranks.get("teacher", {}).get(node, 0)
         if ranks and teacher_offloaded(spec):  # the teacher's weights while the engines generate
             parts["teacher (offloaded)"] = b * full["teacher"] * ranks / GB
         if offloaded:
