@@ -74,14 +74,17 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         out.append(Decision("train.compile_logprobs", AUTO, spec.train.compile_logprobs,
                             "" if spec.train.compile_logprobs else "CPU run"))
     out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps
-    if overlaps_update(spec):
-        # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an
-        # engine that async keeps awake (the plan's fit check says whether both fit, and what to lower)
+    # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an engine
+    # that async keeps awake (the plan's fit check says whether both fit, and what to lower), so its
+    # figures are read with the engine asleep for that one decision
+    awake = overlaps_update(spec)  # sleep_rollout resolved to false above
+    if awake:
         spec.placement.sleep_rollout = True
+    try:
         out.extend(_zero_and_offload(spec))
-        spec.placement.sleep_rollout = False
-    else:
-        out.extend(_zero_and_offload(spec))
+    finally:
+        if awake:
+            spec.placement.sleep_rollout = False
     out.extend(_train_state(spec))
     return tuple(out)
 
