@@ -12,6 +12,7 @@
 # (RAY_ADDRESS=local); what a job leaves running is ended by its tag when it returns.
 #
 # gen-levers, gen-levers-15b (BENCHMARKS.md §10): the generation phase's levers, one table per call (~9 min each).
+# mfu-probe (BENCHMARKS.md §12): the actor update's MFU at 0.5B, variant by variant, in < 390 s (its own budget).
 # bench-e2e-trl (BENCHMARKS.md §4) needs TRL in the bundle: EXTRA="trl==1.16.0" bash ../shared/gpu/build-bundle.sh.
 #
 # Results ($OUT, else /tmp/rlhf-gpu/out): log (this script's output), lane0.log, lane1.log,
@@ -55,6 +56,7 @@ PYTEST="$PY -m pytest -c scripts/pytest-gpu.ini --rootdir=. -m gpu -v -rA --dura
 JOBS=$(cat <<'T'
 tests-kernels|0|240|$PYTEST tests/gpu/test_packed_kernels.py
 update-speed|0|300|$PY -m bench.update_speed
+mfu-probe|0|405|$PY -m bench.mfu_probe ${MFU_PROBE_ARGS:-}
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py
