@@ -7,7 +7,8 @@ The update as the trainer runs it (``rlhf.workers.model.ModelWorker._token_logpr
 Qwen2.5-0.5B-shaped model (``bench.make_model`` shapes, bf16), the loop's batch (§4: 256 samples,
 32 prompt + 256 response tokens), packed micro-batches of at most ``tokens`` real tokens
 (``rlhf.data.packing``: token groups, largest first), ``rlhf_varlen`` attention, log-probs + entropy
-from the hidden states (``rlhf.algos.logprobs_from_hidden``), backward of ``Σ logp + 0.01 Σ H``.
+from the hidden states (``rlhf.algos.logprobs_from_hidden``), backward of ``Σ logp`` (the entropy a
+statistic, as with GRPO's ``algo.entropy_coef=0``; ``--entropy-coef`` adds it to the loss).
 FLOPs as ``perf/mfu`` counts them (``rlhf.models.flops``); MFU of ``--peak`` (989, H200 datasheet).
 
 Variants (``VARIANTS``): the GPU defaults (Liger RMSNorm/SwiGLU/RoPE, compiled head, ≤ 32,768 tokens);
@@ -15,8 +16,8 @@ Variants (``VARIANTS``): the GPU defaults (Liger RMSNorm/SwiGLU/RoPE, compiled h
 (no entropy: it has none); ``torch.compile`` of every decoder layer (mode default, then
 "max-autotune-no-cudagraphs"), with and without Liger; the defaults through a DeepSpeed ZeRO-2 engine
 with the product's optimizer and an optimizer step (what ``perf/mfu`` of the loop times, with
-``time/actor_optimizer_step`` apart); the head alone (product compiled / eager, with and without
-entropy, Liger's FLCE) on the defaults' hidden states; the defaults at 1.5B. Variants flagged
+``time/actor_optimizer_step`` apart; ZeRO-1 and 0 beside it); the head alone (product compiled / eager,
+with and without entropy, Liger's FLCE) on the defaults' hidden states; the defaults at 1.5B. Variants flagged
 ``profile`` get a torch.profiler breakdown of one update: top CUDA kernels, kernel count, GPU idle
 fraction between the first and last kernel, time by kind (matmul, attention, elementwise, ...).
 
@@ -59,7 +60,8 @@ class Variant:
     ckpt: bool = False
     head: str = "product"  # product | liger_flce
     tokens: int = 32768
-    deepspeed: bool = False  # ZeRO-2 bf16 engine + the product's optimizer, an optimizer step per update
+    deepspeed: bool = False  # a bf16 DeepSpeed engine + the product's optimizer, an optimizer step per update
+    zero: int = 2  # its ZeRO stage (CPU: always 0)
     head_only: bool = False  # the head's passes alone on the defaults' hidden states
     preset: Optional[str] = None  # another model shape (the group's model otherwise)
     profile: bool = False
@@ -75,6 +77,10 @@ VARIANTS: dict[str, Variant] = {
     "head_only": Variant("head alone: product compiled/eager ± entropy, Liger FLCE", head_only=True, est_s=25),
     "deepspeed": Variant("defaults via DeepSpeed ZeRO-2 + optimizer step (the loop's update)", deepspeed=True,
                          est_s=45),
+    "deepspeed_z1": Variant("as deepspeed, ZeRO-1 (no gradient partitioning hooks)", deepspeed=True, zero=1,
+                            est_s=35),
+    "deepspeed_z0": Variant("as deepspeed, ZeRO-0 (DeepSpeed's bf16 optimizer wrapper)", deepspeed=True, zero=0,
+                            est_s=35),
     "no_liger": Variant("compiled head, no Liger", liger=False),
     "layers_compiled": Variant("every decoder layer torch.compile'd (no Liger), compiled head", liger=False,
                                layers="default", profile=True, est_s=100),
@@ -92,6 +98,7 @@ GROUPS: list[tuple[str, list[str], float]] = [
     ("defaults", ["default", "tokens_16k", "tokens_64k", "head_only", "liger_flce", "ckpt", "deepspeed"], 170),
     ("compiled_layers", ["layers_compiled", "layers_compiled_64k", "no_liger", "layers_compiled_liger"], 170),
     ("size_15b", ["default_15b"], 110),
+    ("zero_stages", ["deepspeed_z1", "deepspeed_z0"], 90),
     ("autotune", ["layers_autotune"], 250),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
@@ -206,7 +213,13 @@ def head_of(model, v: Variant, device: str):
     return product_head(model, v.compile_head and device == "cuda")
 
 
-def update(model, micro: list[dict], head, device: str, engine=None) -> float:
+def loss_of(lp: torch.Tensor, ent: Optional[torch.Tensor], entropy_coef: float) -> torch.Tensor:
+    """``Σ logp`` (+ ``entropy_coef · Σ H``): with the GRPO default ``algo.entropy_coef=0`` the entropy is a
+    statistic only, and the head's backward skips its term, as in the product."""
+    return lp.sum() if ent is None or entropy_coef == 0 else lp.sum() + entropy_coef * ent.sum()
+
+
+def update(model, micro: list[dict], head, device: str, engine=None, entropy_coef: float = 0.0) -> float:
     """One update (every micro-batch's forward + backward; with ``engine`` DeepSpeed's backward and its
     step at the boundary, as ``PolicyWorker.update``); returns the optimizer step's seconds."""
     from rlhf.models.varlen import packed_kwargs
@@ -215,7 +228,7 @@ def update(model, micro: list[dict], head, device: str, engine=None) -> float:
     for i, p in enumerate(micro):
         hidden = model.base_model(**packed_kwargs(p, device)).last_hidden_state[0][p["pred_index"].to(device)]
         lp, ent = head(hidden, p["targets"].to(device))
-        loss = lp.sum() if ent is None else lp.sum() + 0.01 * ent.sum()
+        loss = loss_of(lp, ent, entropy_coef)
         if engine is None:
             loss.backward()
             continue
@@ -232,9 +245,9 @@ def update(model, micro: list[dict], head, device: str, engine=None) -> float:
     return opt_s
 
 
-def _deepspeed(model, n_micro: int, device: str):
+def _deepspeed(model, n_micro: int, device: str, zero: int = 2):
     """The actor's engine as ``TrainedWorker._initialize`` builds it: the product's DeepSpeed config
-    (ZeRO-2 on a GPU, bf16) and optimizer (torch's fused AdamW)."""
+    (bf16, ZeRO ``zero`` on a GPU: the plan's auto picks 2) and optimizer (torch's fused AdamW)."""
     from types import SimpleNamespace
 
     import deepspeed
@@ -257,7 +270,7 @@ def _deepspeed(model, n_micro: int, device: str):
     spec = SimpleNamespace(
         device=device,
         batch=SimpleNamespace(micro_batch_size=1, grad_accum=n_micro),
-        train=SimpleNamespace(zero_stage=2 if device == "cuda" else 0, offload_optimizer=False),
+        train=SimpleNamespace(zero_stage=zero if device == "cuda" else 0, offload_optimizer=False),
         model=SimpleNamespace(dtype="bfloat16" if device == "cuda" else "float32"),
         algo=SimpleNamespace(weight_decay=0.0))
     opt = _optimizer(spec, [p for p in model.parameters() if p.requires_grad], 1e-6)
@@ -283,7 +296,7 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
     micro = micro_batches(batch, max(1, int(v.tokens * a.tokens_scale)))
     shape = flop_shape(model)
     flops = counted_flops(shape, micro)
-    engine = _deepspeed(model, len(micro), device) if v.deepspeed else None
+    engine = _deepspeed(model, len(micro), device, v.zero) if v.deepspeed else None
     fwd_model = engine.module if engine is not None else model
     row.update(micro_batch_tokens=[int(p["input_ids"].numel()) for p in micro],
                predicted_tokens=sum(len(p["targets"]) for p in micro), flops=flops,
@@ -298,7 +311,7 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
             return {**row, "skipped": "Liger's fused linear CE needs CUDA and liger-kernel"}
         _dynamo_reset_counters()
         t = time.perf_counter()
-        update(fwd_model, micro, head, device, engine)  # warm-up: compilation, Triton autotuning
+        update(fwd_model, micro, head, device, engine, a.entropy_coef)  # warm-up: compilation, Triton autotuning
         _sync(device)
         row["warmup_s"] = round(time.perf_counter() - t, 2)
         row.update(_dynamo_counts())
@@ -310,7 +323,7 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
                 model.zero_grad(set_to_none=True)
             _sync(device)
             t = time.perf_counter()
-            opt.append(update(fwd_model, micro, head, device, engine))
+            opt.append(update(fwd_model, micro, head, device, engine, a.entropy_coef))
             _sync(device)
             times.append(time.perf_counter() - t)
         s = sorted(times)[len(times) // 2]
@@ -320,8 +333,8 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
             row.update(optimizer_s=o, fwd_bwd_mfu=flops / max(s - o, 1e-9) / 1e12 / a.peak)
         wants = v.profile if a.profile is None else name in a.profile.split(",")
         if wants and time.time() + 3 * s + 10 < deadline:
-            row["profile"] = profile_update(lambda: update(fwd_model, micro, head, device, engine), device,
-                                            a.top_kernels)
+            row["profile"] = profile_update(
+                lambda: update(fwd_model, micro, head, device, engine, a.entropy_coef), device, a.top_kernels)
     if device == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     del engine, model, fwd_model
@@ -356,7 +369,7 @@ def head_rows(model, micro: list[dict], device: str, a, deadline: float) -> dict
             _sync(device)
             t = time.perf_counter()
             lp, ent = head(x, targets)
-            (lp.sum() if ent is None else lp.sum() + 0.01 * ent.sum()).backward()
+            loss_of(lp, ent, a.entropy_coef).backward()
             _sync(device)
             if k:
                 times.append(time.perf_counter() - t)
@@ -512,7 +525,8 @@ def run_group(group: str, names: list[str], cap_s: float, a, deadline: float, ou
     cmd = [sys.executable, "-m", "bench.mfu_probe", "--child", "--variants", ",".join(names),
            "--deadline", str(end - 3), "--device", a.device, "--preset", a.preset, "--samples", str(a.samples),
            "--prompt", str(a.prompt), "--response", str(a.response), "--response-min", str(a.response_min),
-           "--repeats", str(a.repeats), "--peak", str(a.peak), "--est-scale", str(a.est_scale),
+           "--repeats", str(a.repeats), "--entropy-coef", str(a.entropy_coef), "--peak", str(a.peak),
+           "--est-scale", str(a.est_scale),
            "--top-kernels", str(a.top_kernels), "--tokens-scale", str(a.tokens_scale)]
     cmd += (["--profile", a.profile] if a.profile is not None else []) + (["--model", a.model] if a.model else [])
     t0 = time.time()
@@ -558,7 +572,8 @@ def table(rows: list[dict], peak: float) -> str:
                          f"{r.get('warmup_s', 0):.1f} | {'; '.join(extra)} |")
         elif "heads" in r:
             for hn, h in r["heads"].items():
-                val = (f"{h['s']:.4f} | {h['tflops']:.0f} | {h['mfu']:.1%}" if "s" in h else f"– | – | {h['skipped']}")
+                val = (f"{h['s']:.4f} | {h['tflops']:.0f} | {h['mfu']:.1%}" if "s" in h
+                       else f"– | – | {h['skipped']}")
                 lines.append(f"| head_only/{hn} | LM head alone, {r['head_tokens']} predicted tokens | {mb} | {val} | "
                              f"– | – | – | |")
         else:
@@ -587,6 +602,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--response", type=int, default=256)
     ap.add_argument("--response-min", type=int, default=0, help="shortest response (0 = --response: all full)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--entropy-coef", type=float, default=0.0,
+                    help="the loss's entropy weight (algo.entropy_coef; 0 = GRPO's default: entropy a statistic)")
     ap.add_argument("--peak", type=float, default=989.0)
     # under scripts/gpu.sh: end 15 s before the job's own timeout
     job = float(os.environ.get("JOB_TIMEOUT_S", 0)) - 15
@@ -597,7 +614,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/rlhf-gpu/out")
     ap.add_argument("--est-scale", type=float, default=1.0, help="× every variant's time estimate")
     ap.add_argument("--top-kernels", type=int, default=15)
-    ap.add_argument("--tokens-scale", type=float, default=1.0, help="× every variant's token budget (tests: tiny batches)")
+    ap.add_argument("--tokens-scale", type=float, default=1.0,
+                    help="× every variant's token budget (tests: tiny batches)")
     ap.add_argument("--profile", default=None, help="variants to profile (default: default, layers_compiled)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)

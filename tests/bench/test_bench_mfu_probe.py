@@ -139,3 +139,12 @@ def test_whole_probe_in_child_processes_with_deepspeed(tiny, tmp_path):
     lc = out["layers_compiled"]  # dynamo traced the decoder layer as the packed pass calls it, in one graph
     assert "aot_eager" in " ".join(lc["notes"]) and lc["graphs"] >= 1 and lc["s"] > 0
     assert (tmp_path / "mfu_probe_defaults.log").exists()
+
+
+def test_entropy_is_a_statistic_unless_weighted():
+    lp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    ent = torch.tensor([0.5, 0.25], requires_grad=True)
+    mp.loss_of(lp, ent, 0.0).backward()
+    assert ent.grad is None and lp.grad.tolist() == [1.0, 1.0]
+    mp.loss_of(lp, ent, 0.5).backward()
+    assert ent.grad.tolist() == [0.5, 0.5]
