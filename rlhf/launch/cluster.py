@@ -157,13 +157,41 @@ def start_cluster(spec: RunSpec) -> Cluster:
     try:
         _place(spec, cluster)
         pending = []
-        for g in cluster.groups.values():
-            pending += g.start()
+        for role, g in cluster.groups.items():
+            if role != "rollout":
+                pending += g.start()
+        if cluster.rollout is not None:  # last: later waves wait for the earlier ones
+            waves = start_waves(spec)
+            started = cluster.rollout.start(waves[0])
+            pending += started
+            for wave in waves[1:]:
+                ray.get(started)
+                started = cluster.rollout.start(wave)
+                pending += started
         ray.get(pending)
     except BaseException:
         cluster.shutdown()
         raise
     return cluster
+
+
+def start_waves(spec: RunSpec) -> list[list[int]]:
+    """The rollout engines in the order they start: one wave of every engine, or, when engines
+    share a device and their kind sizes its memory from the device's free memory while it starts
+    (``EngineKind.starts_alone_on_device``: vLLM), wave k of the k-th engine on each device, each
+    wave after the one before has started."""
+    n = len(spec.layout.engines)
+    if spec.layout.engines_per_device == 1 or not engines.kind(spec).starts_alone_on_device:
+        return [list(range(n))]
+    waves: list[list[int]] = []
+    seen: Counter = Counter()
+    for i, devs in enumerate(spec.layout.engines):
+        k = seen[devs]
+        seen[devs] += 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(i)
+    return waves
 
 
 def ray_nodes(spec: RunSpec) -> list[str]:
@@ -228,13 +256,15 @@ def group_devices(spec: RunSpec) -> dict[str, tuple[int, ...]]:
     if lay.one_pool:
         return {HYBRID_GROUP: tuple(range(lay.total_devices))}
     held = held_devices(spec)
-    return {lay.group_name(pool): tuple(d for devs in held[pool[0]] for d in devs) for pool in lay.pools}
+    # each device once: engines that share a device (placement.rollout.engines_per_device) share its bundle
+    return {lay.group_name(pool): tuple(dict.fromkeys(d for devs in held[pool[0]] for d in devs)) for pool in lay.pools}
 
 
 def placement(spec: RunSpec) -> dict[str, list[Slot]]:
     """role -> the ``Slot`` of each rank (rollout: of each engine), from the spec alone (no Ray).
 
-    The roles of a pool take an equal share of each device (hybrid: every role). A vLLM engine of TP > 1 runs vLLM's
+    The ranks on a device take an equal share of it (hybrid: every role's; two rollout engines on
+    one device, ``placement.rollout.engines_per_device``, a share each). A vLLM engine of TP > 1 runs vLLM's
     Ray executor, which starts one worker per TP rank on the bundles given as ``bundle_indices``
     (``VLLM_RAY_BUNDLE_INDICES``) in the placement group of the engine's process (vLLM reads the
     current one), each worker taking ``gpu_share`` of its GPU; the engine's process holds no GPU.

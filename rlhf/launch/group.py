@@ -103,10 +103,12 @@ class ActorGroup:
                                       *(args[rank] if args else ()))
                           for rank, (pg, bundle) in enumerate(slots)])
 
-    def start(self) -> list:
-        """Async: join the process group and load models. ``ray.get`` the result to wait."""
+    def start(self, ranks: Optional[Sequence[int]] = None) -> list:
+        """Async: join the process group and load models (``ranks``: only these; default all).
+        ``ray.get`` the result to wait."""
         addr, port = ray.get(self.workers[0].address.remote())
-        return [w.init_distributed.remote(addr, port) for w in self.workers]
+        chosen = range(self.world_size) if ranks is None else ranks
+        return [self.workers[i].init_distributed.remote(addr, port) for i in chosen]
 
     def call_async(self, method: Method, *args, **kwargs) -> list:
         """``method`` (e.g. ``PolicyWorker.save_hf``) on every rank; the result refs, rank order."""

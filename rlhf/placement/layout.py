@@ -13,12 +13,15 @@ from rlhf.spec import schema as S
 
 TRAINED = ("actor", "critic")
 ONE_POOL_GROUP = "devices"  # the placement group of a placement with one pool (hybrid)
+# placement.rollout.engines_per_device's numbers (beside auto, which rlhf.plan.auto decides)
+ENGINES_PER_DEVICE = (1, 2, 4)
 
 
 @dataclass
 class Layout(S.Frozen):
-    """Which global device indices each role occupies; rollout engines are TP groups; ``pools``:
-    the roles that share devices (a placement group each)."""
+    """Which global device indices each role occupies; rollout engines are TP groups, and engines
+    that share a device (``placement.rollout.engines_per_device``) list the same one, one after
+    another; ``pools``: the roles that share devices (a placement group each)."""
 
     mode: str  # the placement's name, for the plan's title
     total_devices: int
@@ -29,6 +32,20 @@ class Layout(S.Frozen):
     @property
     def rollout_tp(self) -> int:
         return len(self.engines[0]) if self.engines else 1
+
+    @property
+    def engines_per_device(self) -> int:
+        """The most rollout engines on one device (1 unless ``placement.rollout.engines_per_device``)."""
+        counts: dict[int, int] = {}
+        for devs in self.engines:
+            for d in devs:
+                counts[d] = counts.get(d, 0) + 1
+        return max(counts.values(), default=1)
+
+    @property
+    def rollout_devices(self) -> tuple[int, ...]:
+        """The devices holding rollout engines, each once, in order."""
+        return tuple(dict.fromkeys(d for devs in self.engines for d in devs))
 
     def world_size(self, role: str) -> int:
         return len(self.roles.get(role, ()))
@@ -69,11 +86,12 @@ def plan_layout(sections: dict[str, Any], roles: tuple[str, ...]) -> Layout:
     pl: S.PlacementSpec = sections["placement"]
     total = hw.nodes * hw.devices_per_node
     tp = pl.rollout.tensor_parallel
+    per = engines_per_device(pl)
     pools = placements.get(pl.mode, pl.plugins).pools(roles)
     if len(pools) == 1:
         role_devices = {r: tuple(range(total)) for r in roles}
         rollout_devices = tuple(range(total)) if "rollout" in roles else ()
-        n_engines = pl.rollout.engines or max(total // tp, 1)
+        n_engines = pl.rollout.engines or max(total // tp, 1) * per
     else:
         counts = pool_counts(pl, pools, total)
         role_devices, start = {}, 0
@@ -83,13 +101,24 @@ def plan_layout(sections: dict[str, Any], roles: tuple[str, ...]) -> Layout:
             start += counts[pool]
         role_devices = {r: role_devices[r] for r in roles}
         rollout_devices = role_devices.get("rollout", ())
-        n_engines = pl.rollout.engines or max(len(rollout_devices) // tp, 1)
-    engines = tuple(tuple(rollout_devices[i * tp:(i + 1) * tp]) for i in range(n_engines)) if rollout_devices else ()
+        n_engines = pl.rollout.engines or max(len(rollout_devices) // tp, 1) * per
+    # engine i on TP group i // per: the engines sharing a device are neighbours
+    engines = tuple(tuple(rollout_devices[i // per * tp:(i // per + 1) * tp])
+                    for i in range(n_engines)) if rollout_devices else ()
     return Layout(mode=pl.mode, total_devices=total, roles=role_devices, engines=engines, pools=pools)
 
 
+def engines_per_device(pl: S.PlacementSpec) -> int:
+    """``placement.rollout.engines_per_device`` as a number; ``auto`` (before ``rlhf.plan.auto``
+    decides it) and a value validation refuses count as 1."""
+    v = pl.rollout.engines_per_device
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v in ENGINES_PER_DEVICE else 1
+
+
 def _configured(pl: S.PlacementSpec, role: str) -> int:
-    return pl.rollout.engines * pl.rollout.tensor_parallel if role == "rollout" else getattr(pl, role)
+    if role == "rollout":  # engines that share a device take one TP group
+        return -(-pl.rollout.engines // engines_per_device(pl)) * pl.rollout.tensor_parallel
+    return getattr(pl, role)
 
 
 def pool_counts(pl: S.PlacementSpec, pools: tuple[tuple[str, ...], ...], total: int) -> dict[tuple[str, ...], int]:
@@ -159,6 +188,15 @@ def problems(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
     if pl.rollout.engines < 0:
         p.append(f"placement.rollout.engines={pl.rollout.engines} must be >= 0 (0 = as many as fit).")
     tp = pl.rollout.tensor_parallel
+    per = pl.rollout.engines_per_device
+    if per != "auto" and (isinstance(per, bool) or per not in ENGINES_PER_DEVICE):
+        p.append(f"placement.rollout.engines_per_device={per} is not valid. Choose one of: auto, "
+                 f"{', '.join(map(str, ENGINES_PER_DEVICE))}.")
+    elif per != "auto" and per > 1 and tp != 1:
+        p.append(f"placement.rollout.engines_per_device={per} needs placement.rollout.tensor_parallel=1 (it is "
+                 f"{tp}): engines that share a device take one GPU each. Use engines_per_device=1, or "
+                 "tensor_parallel=1 for a model one GPU holds.")
+    per = engines_per_device(pl)
     if tp < 1 or tp > hw.devices_per_node:
         p.append(
             f"placement.rollout.tensor_parallel={tp} must be between 1 and the GPUs of one node "
@@ -175,17 +213,19 @@ def problems(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
                 f"Use one of: {', '.join(str(d) for d in ok)}."
             )
         if len(pools) == 1:
-            engines = pl.rollout.engines or total // tp
+            engines = pl.rollout.engines or total // tp * per
             if hw.devices_per_node % tp:
                 ok = ", ".join(str(d) for d in divisors(hw.devices_per_node) if tp_splits_heads(m, d))
                 p.append(
                     f"placement.rollout.tensor_parallel={tp} does not divide the {hw.devices_per_node} GPUs of a "
                     f"node, which {pl.mode} placement gives to rollout engines (hardware={hw.name}). Use one of: {ok}."
                 )
-            elif engines * tp > total:
+            elif -(-engines // per) * tp > total:
+                shared = f" at engines_per_device={per}" if per > 1 else ""
                 p.append(
-                    f"placement.rollout.engines={engines} × tensor_parallel={tp} needs {engines * tp} devices, "
-                    f"but hardware={hw.name} has {total}. Use placement.rollout.engines={total // tp} (or 0 = all)."
+                    f"placement.rollout.engines={engines} × tensor_parallel={tp} needs {-(-engines // per) * tp} "
+                    f"devices{shared}, but hardware={hw.name} has {total}. Use placement.rollout.engines="
+                    f"{total // tp * per} (or 0 = all)."
                 )
     if len(pools) > 1:
         partial = [pool for pool in pools if "rollout" in pool and len(pool) > 1]

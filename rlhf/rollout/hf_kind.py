@@ -33,7 +33,8 @@ class HFKind(EngineKind):
         return HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, device=device)
 
     def gpu_memory(self, spec: RunSpec, params: int) -> dict[str, float]:
-        return {"HF engine weights": DTYPE_BYTES[spec.model.dtype] * params / GB}
+        """Each engine on a GPU (``Layout.engines_per_device``) holds its own weights."""
+        return {"HF engine weights": spec.layout.engines_per_device * DTYPE_BYTES[spec.model.dtype] * params / GB}
 
     def memory_parts(self) -> tuple[str, ...]:
         return ("HF engine weights",)

@@ -54,6 +54,12 @@ class EngineKind:
     device_weights: bool = False
     # exception class names meaning the engine died under a live worker (rlhf.launch.failures)
     dead_errors: tuple[str, ...] = ()
+    # engines that share a device (placement.rollout.engines_per_device) start one after another:
+    # the engine sizes its memory from what the device has free while it starts
+    starts_alone_on_device: bool = False
+    # placement.rollout.engines_per_device=auto for a small model (rlhf.plan.auto) at TP 1 on CUDA:
+    # more than 1 where one engine leaves the GPU waiting on its host side (measured for vLLM)
+    auto_engines_per_device: int = 1
 
     def death(self, error: str) -> str:
         """The cause in the run's error line when the engine raised ``error`` (one of ``dead_errors``)."""

@@ -374,7 +374,8 @@ def engine_config(spec: RunSpec, model_path: str, **over: Any) -> EngineConfig:
         tensor_parallel=spec.layout.rollout_tp,
         dtype=spec.model.dtype,
         seed=spec.train.seed,
-        gpu_memory_utilization=r.gpu_memory_utilization,
+        # engines sharing a GPU split vLLM's share of it (each a per-process limit in vLLM)
+        gpu_memory_utilization=r.gpu_memory_utilization / spec.layout.engines_per_device,
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=spec.layout.rollout_beside_training and spec.placement.sleep_rollout,
         max_model_len=r.max_prompt_tokens + r.max_response_tokens,

@@ -13,10 +13,14 @@ if TYPE_CHECKING:
 
 # A sleeping vLLM engine keeps its CUDA context and CUDA-graph pool.
 VLLM_ASLEEP_GB = 1.0
+# A further engine on a GPU (placement.rollout.engines_per_device): its process's CUDA context and
+# runtime, which vLLM's gpu_memory_utilization share does not include (the first engine's is in the
+# plan's runtime of every GPU).
+VLLM_ENGINE_CONTEXT_GB = 1.0
 # Host memory of an engine: its engine-core process and one GPU worker (model code, CUDA graphs'
 # host side, the tokenizer); a further TP worker is a plain GPU process.
 HOST_VLLM_ENGINE_GB = 8.0
-PARTS = ("vLLM asleep", "vLLM (awake)", "vLLM weights", "vLLM KV cache + activations")
+PARTS = ("vLLM asleep", "vLLM (awake)", "vLLM weights", "vLLM KV cache + activations", "vLLM more engines' runtime")
 
 
 @register_engine
@@ -32,6 +36,13 @@ class VLLMKind(EngineKind):
     sleeps = True
     device_weights = True
     dead_errors = ("EngineDeadError", "AsyncEngineDeadError")  # the engine core process is gone
+    # vLLM measures the device's free memory while it profiles (its KV cache is its share less what
+    # the profile saw taken): a neighbour starting at the same time would be counted as its own
+    starts_alone_on_device = True
+    # at 0.5B on an H200 one engine keeps the GPU busy 20 % of its kernel span (the Python scheduler
+    # and output handling between steps); two engines generated 1.48x the tokens/s of one, four
+    # no more than two (BENCHMARKS §10)
+    auto_engines_per_device = 2
 
     def death(self, error: str) -> str:
         return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"
@@ -42,15 +53,25 @@ class VLLMKind(EngineKind):
         return VLLMEngine(spec, tokenizer, **settings)
 
     def gpu_memory(self, spec: RunSpec, params: int) -> dict[str, float]:
-        """Weights / TP, and its KV cache + activations filling the rest of its share."""
-        weights = DTYPE_BYTES[spec.model.dtype] * params / spec.layout.rollout_tp / GB
+        """Per GPU, for its n engines (``Layout.engines_per_device``): n × weights / TP, the KV cache
+        + activations filling the rest of the share (rollout.gpu_memory_utilization, split between
+        the n), and (n − 1) × VLLM_ENGINE_CONTEXT_GB for the further engines' processes."""
+        n = spec.layout.engines_per_device
+        weights = n * DTYPE_BYTES[spec.model.dtype] * params / spec.layout.rollout_tp / GB
         share = spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb
-        return {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
+        out = {"vLLM weights": weights, "vLLM KV cache + activations": max(share - weights, 0.0)}
+        if n > 1:
+            out["vLLM more engines' runtime"] = (n - 1) * VLLM_ENGINE_CONTEXT_GB
+        return out
 
     def resident_while_training(self, spec: RunSpec, params: int) -> dict[str, float]:
+        n = spec.layout.engines_per_device
         if spec.placement.sleep_rollout:
-            return {"vLLM asleep": VLLM_ASLEEP_GB}
-        return {"vLLM (awake)": spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb}
+            return {"vLLM asleep": n * VLLM_ASLEEP_GB}
+        out = {"vLLM (awake)": spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb}
+        if n > 1:
+            out["vLLM more engines' runtime"] = (n - 1) * VLLM_ENGINE_CONTEXT_GB
+        return out
 
     def host_gb(self, spec: RunSpec, gpus_on_node: int, process_gb: float) -> float:
         return HOST_VLLM_ENGINE_GB + process_gb * (gpus_on_node - 1)
