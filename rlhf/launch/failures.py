@@ -225,7 +225,7 @@ def _group(cluster: Cluster, role: str) -> str:
     if spec is None or role not in spec.roles:
         return ""
     ranks = held_devices(spec)[role]
-    devs = tuple(d for rank in ranks for d in rank)
+    devs = tuple(sorted({d for rank in ranks for d in rank}))  # engines may share a device
     name, n = ("rollout engine" if role == "rollout" else f"{role} rank"), len(ranks)
     who = f"{name}s {ranges(tuple(range(n)))}" if n > 1 else f"{name} 0"
     if spec.device != "cuda":

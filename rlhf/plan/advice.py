@@ -224,6 +224,8 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             full = DTYPE_BYTES[m.dtype] * param_count(m) / GB
             need = 1 << max(math.ceil(full / (share / 2)) - 1, 0).bit_length()
             out.append(_hardware(spec, hw.nodes, need) + [f"placement.rollout.tensor_parallel={need}"])
+        if spec.layout.engines_per_device > 1 and "placement.rollout.engines_per_device" not in decided:
+            out.append(["placement.rollout.engines_per_device=1"])  # one copy of the weights per GPU
         if spec.layout.rollout_beside_training and pl.offload_train_state is False and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=true"])
         for share in _smaller_shares(spec, weights):

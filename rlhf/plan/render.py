@@ -90,8 +90,10 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             weights = parts.get("vLLM weights", 0.0)
             share = spec.rollout.gpu_memory_utilization * hw.device_memory_gb
             if weights and weights >= share and name not in over:
+                n = lay.engines_per_device
+                whose = f"{n} engines' weights" if n > 1 else "vLLM's weights"
                 out.append(
-                    f"✗ vLLM's weights ({weights:.1f} GB per GPU at TP {lay.rollout_tp}) fill its whole share "
+                    f"✗ {whose} ({weights:.1f} GB per GPU at TP {lay.rollout_tp}) fill its whole share "
                     f"(rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization:g} × "
                     f"{hw.device_memory_gb:g} GB = {share:.1f} GB): no room for a KV cache. {_advice(spec, est, name)}"
                 )
@@ -107,8 +109,8 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
             f"! {idle} of {lay.total_devices} devices hold no role (idle): raise the per-role counts "
             "(placement.actor, placement.rollout.engines, ...) or use placement=hybrid."
         )
-    if lay.one_pool and lay.engines and len(lay.engines) * lay.rollout_tp < lay.total_devices:
-        spare = lay.total_devices - len(lay.engines) * lay.rollout_tp
+    if lay.one_pool and lay.engines and len(lay.rollout_devices) < lay.total_devices:
+        spare = lay.total_devices - len(lay.rollout_devices)
         out.append(
             f"! {spare} devices run no rollout engine (placement.rollout.engines={len(lay.engines)} × "
             f"tensor_parallel={lay.rollout_tp}); they idle while the others generate. "
@@ -228,6 +230,7 @@ def _decisions(spec: RunSpec) -> list[str]:
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
         "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
+        "placement.rollout.engines_per_device": lambda v: f"{v} rollout engine{'s' if v > 1 else ''} per GPU",
     }
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
@@ -318,16 +321,24 @@ def render_plan(spec: RunSpec) -> str:
         for pool in lay.pools:
             if "rollout" not in pool:
                 lines.append(f"  device {ranges(lay.roles[pool[0]])}: {', '.join(pool)}")
-    shown: list[Any] = list(enumerate(lay.engines))
+    # engines that share a device (placement.rollout.engines_per_device) on one line
+    held: list[tuple[tuple[int, ...], list[int]]] = []
+    for i, devs in enumerate(lay.engines):
+        if held and held[-1][0] == devs:
+            held[-1][1].append(i)
+        else:
+            held.append((devs, [i]))
+    shown: list[Any] = list(held)
     if len(shown) > 4:
         shown = shown[:2] + [None] + shown[-1:]
     for item in shown:
         if item is None:
             lines.append(f"  ... {len(lay.engines)} engines in all")
             continue
-        i, devs = item
+        devs, ids = item
         tp = f" (TP {len(devs)})" if len(devs) > 1 else ""
-        lines.append(f"  device {ranges(devs)}: {spec.rollout_engine} engine {i}{tp}")
+        what = f"engine {ids[0]}" if len(ids) == 1 else f"engines {ranges(tuple(ids))} (a process each)"
+        lines.append(f"  device {ranges(devs)}: {spec.rollout_engine} {what}{tp}")
     if hw.nodes > 1:
         lines.extend(_node_lines(spec))
 

@@ -4,9 +4,11 @@
   into one CUDA buffer on the trainer's GPU, and the engines open it through a CUDA IPC handle and
   load from it in place (no copy through the host). Two buffers alternate, so the trainer gathers
   and packs bucket i+1 while vLLM loads bucket i.
-* ``NcclSender`` (disaggregated placement): the trainer's rank 0 and every vLLM worker share an NCCL
+* ``NcclSender`` (disaggregated placement): the trainer's rank 0 and the vLLM workers share an NCCL
   group built for the purpose (vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``, the
-  trainer is rank 0); each bucket is one broadcast of a flat buffer.
+  trainer is rank 0); each bucket is one broadcast of a flat buffer. NCCL refuses two ranks of one
+  group on one GPU, so engines that share a GPU (``placement.rollout.engines_per_device``) are in
+  different groups ("lanes", ``nccl_lanes``), and each bucket is broadcast once per lane.
 
 Both read the trainer's parameters through ``WeightSource``, which walks the model bucket by bucket
 and, under ZeRO-3, gathers only one bucket's shards at a time (``deepspeed.zero.GatheredParameters``,
@@ -222,22 +224,49 @@ class CudaIPCSender:
 # --------------------------------------------------------------------------- NCCL
 
 
-class NcclSender:
-    """Disaggregated placement: trainer rank 0 broadcasts each bucket to every vLLM worker."""
+def nccl_lanes(engine_devices: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The engines (indices) in NCCL groups with at most one engine per device: lane k holds the
+    k-th engine of each device (one lane when no engines share a device)."""
+    seen: dict[tuple[int, ...], int] = {}
+    lanes: list[list[int]] = []
+    for i, devs in enumerate(engine_devices):
+        k = seen.get(tuple(devs), 0)
+        seen[tuple(devs)] = k + 1
+        if k == len(lanes):
+            lanes.append([])
+        lanes[k].append(i)
+    return lanes
 
-    def __init__(self, engines: Sequence[Any], engine_tp: Sequence[int]) -> None:
+
+class NcclSender:
+    """Disaggregated placement: trainer rank 0 broadcasts each bucket to every vLLM worker, once per
+    lane of engines (``nccl_lanes``: no two engines of a lane on one device)."""
+
+    def __init__(self, engines: Sequence[Any], engine_tp: Sequence[int],
+                 engine_devices: Optional[Sequence[Sequence[int]]] = None) -> None:
         if len(engines) != len(engine_tp):
             raise ValueError("one tensor-parallel size per engine")
         self.engines = list(engines)
         self.engine_tp = [int(t) for t in engine_tp]
-        self.comm = None
+        # without devices every engine is taken to have its own
+        self.lanes = nccl_lanes(engine_devices if engine_devices is not None else [(i,) for i in range(len(engines))])
+        self.comms: list = []
+
+    @property
+    def comm(self) -> Any:
+        """The first lane's communicator (None before ``setup``)."""
+        return self.comms[0] if self.comms else None
+
+    def lane_world_size(self, lane: Sequence[int]) -> int:
+        return 1 + sum(self.engine_tp[i] for i in lane)
 
     @property
     def world_size(self) -> int:
-        return 1 + sum(self.engine_tp)
+        """Ranks of the first lane's group (all of them with one lane)."""
+        return self.lane_world_size(self.lanes[0]) if self.lanes else 1
 
     def setup(self, master_address: Optional[str] = None, master_port: Optional[int] = None) -> float:
-        """Build the group (rank 0 of the trainer only; the others return at once). Returns seconds."""
+        """Build a group per lane (rank 0 of the trainer only; the others return at once). Returns seconds."""
         rank, _ = _rank_world()
         if rank != 0:
             return 0.0
@@ -247,14 +276,16 @@ class NcclSender:
 
         t0 = time.perf_counter()
         addr = master_address or node_ip()
-        port = int(master_port or free_port())
-        refs, offset = [], 1
-        for e, tp in zip(self.engines, self.engine_tp):
-            refs.append(_call(e, RolloutWorker.init_weight_group, addr, port, offset, self.world_size))
-            offset += tp
-        pg = StatelessProcessGroup.create(host=addr, port=port, rank=0, world_size=self.world_size)
-        self.comm = PyNcclCommunicator(pg, device=torch.device("cuda", torch.cuda.current_device()))
-        ray.get(refs)
+        for k, lane in enumerate(self.lanes):
+            port = int(master_port) + k if master_port else free_port()
+            world = self.lane_world_size(lane)
+            refs, offset = [], 1
+            for i in lane:
+                refs.append(_call(self.engines[i], RolloutWorker.init_weight_group, addr, port, offset, world))
+                offset += self.engine_tp[i]
+            pg = StatelessProcessGroup.create(host=addr, port=port, rank=0, world_size=world)
+            self.comms.append(PyNcclCommunicator(pg, device=torch.device("cuda", torch.cuda.current_device())))
+            ray.get(refs)
         return time.perf_counter() - t0
 
     def send(self, source: WeightSource) -> dict[str, float]:
@@ -262,7 +293,7 @@ class NcclSender:
 
         rank, _ = _rank_world()
         dev = torch.device("cuda", torch.cuda.current_device())
-        if rank == 0 and self.comm is None:
+        if rank == 0 and not self.comms:
             raise RuntimeError("NcclSender.setup() was not called")
         t0 = _now_synced()
         stream = torch.cuda.current_stream(dev)
@@ -281,7 +312,8 @@ class NcclSender:
                     flat = pack(bucket, tensors, buf)
                     wire = metas_to_wire(bucket.metas)
                     pending = [_call(e, RolloutWorker.load_nccl, wire, bucket.nbytes) for e in self.engines]
-                    self.comm.broadcast(flat, src=0, stream=stream)
+                    for comm in self.comms:  # one lane after another, on one stream
+                        comm.broadcast(flat, src=0, stream=stream)
                     t_pack += time.perf_counter() - tp
         if rank == 0:
             tw = time.perf_counter()
@@ -295,12 +327,13 @@ class NcclSender:
         return out
 
     def close(self) -> None:
-        if self.comm is not None and hasattr(self.comm, "destroy"):
-            try:
-                self.comm.destroy()
-            except Exception:  # noqa: BLE001
-                pass
-        self.comm = None
+        for comm in self.comms:
+            if hasattr(comm, "destroy"):
+                try:
+                    comm.destroy()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.comms = []
 
 
 def ipc_buffers(nbytes: int, dev: torch.device, n: int) -> list[torch.Tensor]:
@@ -312,12 +345,13 @@ def ipc_buffers(nbytes: int, dev: torch.device, n: int) -> list[torch.Tensor]:
         return [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(n)]
 
 
-def make_sender(same_devices: bool, engines: Sequence[Any], engine_tp: Sequence[int] = ()) -> CudaIPCSender | NcclSender:
-    """The sender to engines on the trainer's own GPUs (``same_devices``: CUDA IPC) or on others
-    (NCCL)."""
+def make_sender(same_devices: bool, engines: Sequence[Any], engine_tp: Sequence[int] = (),
+                engine_devices: Optional[Sequence[Sequence[int]]] = None) -> CudaIPCSender | NcclSender:
+    """The sender to engines on the trainer's own GPUs (``same_devices``: CUDA IPC; engines that
+    share a GPU each open its buffers' handles) or on others (NCCL, a group per lane)."""
     if same_devices:
         return CudaIPCSender(engines)
-    return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines))
+    return NcclSender(engines, list(engine_tp) if engine_tp else [1] * len(engines), engine_devices)
 
 
 def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSender | NcclSender:
@@ -325,7 +359,9 @@ def sender_for(spec: RunSpec, engines: Sequence[Any], rank: int) -> CudaIPCSende
     one (ZeRO-3 gathers are collective); only rank 0 gets the engines' handles and talks to them."""
     lead = rank == 0
     tps = [len(e) for e in spec.layout.engines] or [1] * len(engines)
-    return make_sender(spec.layout.shares("rollout", "actor"), engines if lead else [], tps if lead else [])
+    devs = list(spec.layout.engines) if spec.layout.engines else None
+    return make_sender(spec.layout.shares("rollout", "actor"), engines if lead else [], tps if lead else [],
+                       devs if lead else None)
 
 
 def _call(handle: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
