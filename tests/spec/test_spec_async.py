@@ -22,6 +22,7 @@ from tests.helpers import assert_clear, planned_spec
 H200 = ["hardware=1xh200", "model=qwen2.5-0.5b"]
 ASYNC = ["algo.async_steps=1", "algo.tis_cap=2.0"]
 VLLM_ASLEEP_GB = 1.0  # docs/memory.md: a sleeping vLLM keeps its CUDA context and graph pool
+VLLM_ENGINE_CONTEXT_GB = 1.0  # docs/memory.md: a further engine's process on a GPU, outside the share
 
 
 def _sections(*overrides: str) -> dict:
@@ -60,10 +61,14 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     est_sync, est = memory.estimate(sync), memory.estimate(spec)
     share = spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb  # vLLM's whole share, u·M
     assert est.figures["training phase"]["vLLM (awake)"] == pytest.approx(share)
-    assert est_sync.figures["training phase"]["vLLM asleep"] == pytest.approx(VLLM_ASLEEP_GB)
+    # two engines per GPU at 0.5B (placement.rollout.engines_per_device auto): each sleeps to its
+    # context, awake the second one's process is beside the share (docs/memory.md)
+    assert spec.layout.engines_per_device == sync.layout.engines_per_device == 2
+    assert est_sync.figures["training phase"]["vLLM asleep"] == pytest.approx(2 * VLLM_ASLEEP_GB)
     # the same ZeRO and offload choices at this size: the difference is the engine's alone
     assert (sync.train.zero_stage, sync.train.offload_optimizer) == (spec.train.zero_stage, spec.train.offload_optimizer)
-    assert est.total("training phase") == pytest.approx(est_sync.total("training phase") - VLLM_ASLEEP_GB + share)
+    assert est.total("training phase") == pytest.approx(est_sync.total("training phase") - 2 * VLLM_ASLEEP_GB + share
+                                                        + VLLM_ENGINE_CONTEXT_GB)
     # generation alone (the first step's, an evaluation's) holds a part of that: no figure of its own
     assert set(est.figures) == {"training phase"} and set(est_sync.figures) == {"training phase", "generation phase"}
     assert memory.fits(spec, est)
@@ -71,7 +76,7 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     text = render_plan(spec)
     line = next(l for l in text.splitlines() if l.startswith("async:"))
     assert_clear(line, "≤ 1 update stale", "algo.tis_cap=2", "vllm stays awake beside the update",
-                 f"its {share:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
+                 f"its {share + VLLM_ENGINE_CONTEXT_GB:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
                  "the training states stay on the GPU between updates")
     assert "vLLM stays awake during training (auto: algo.async_steps=1" in text
 

@@ -238,14 +238,15 @@ def test_states_stay_resident_when_both_phases_fit(capsys):
     out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200")
     resident = (2 + 2 + 12 + 2) * P / 1e9  # actor (ZeRO-2, 1 rank) + reference
     assert figure(out, "generation phase:", "training state (resident)") == pytest.approx(resident, abs=0.051)
-    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + 1.05 * resident + 2,
+    # + the second engine's process: two engines per GPU at 0.5B (engines_per_device auto)
+    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + 1.05 * resident + 2 + 1,
                                                             abs=0.051)
     assert "training states stay on the GPU while vLLM generates (auto: the generation phase fits" in out
     out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "placement.offload_train_state=true")
     assert "training state" not in out.split("generation phase:")[1].split("\n")[0]
     # offloaded: the frozen reference (bf16) stays, DeepSpeed moves only what its optimizer holds
     assert figure(out, "generation phase:", "frozen weights (resident)") == pytest.approx(2 * P / 1e9, abs=0.051)
-    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + 1.05 * 2 * P / 1e9 + 2,
+    assert total(out, "generation phase:") == pytest.approx(0.5 * hw["device_memory_gb"] + 1.05 * 2 * P / 1e9 + 2 + 1,
                                                             abs=0.051)
     # LoRA: no reference model; the policy's frozen base weights stay instead, and are not host-offloaded
     lora = ("model.lora.rank=16", "model.lora.alpha=32")
@@ -381,13 +382,14 @@ def test_7b_full_on_one_h200_does_not_fit_the_host_and_the_suggestion_fits(capsy
 
 
 def test_host_figure_parts_follow_the_doc(capsys):
-    """GRPO 0.5B on one H200: the driver, the actor and reference processes and a vLLM engine;
+    """GRPO 0.5B on one H200: the driver, the actor and reference processes and two vLLM engines
+    (engines_per_device auto);
     the actor loads in float32, the reference in bf16. PPO adds a critic process and its float32 load."""
     m = load("model", "qwen2.5-0.5b")
     P, Pv = doc_params(m), doc_params(m, value_head=True)
     out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200")
     line = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
-    assert figure("x " + line, "x", "runtime") == pytest.approx(4 + 4 + 4 + 8, abs=0.051)
+    assert figure("x " + line, "x", "runtime") == pytest.approx(4 + 4 + 4 + 8 + 8, abs=0.051)
     assert figure("x " + line, "x", "model loading") == pytest.approx((4 * P + 2 * P) / 1e9, abs=0.051)
     out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "algo=ppo", "placement.offload_train_state=true")
     line = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
