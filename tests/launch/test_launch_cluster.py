@@ -205,9 +205,35 @@ def test_the_launcher_hands_each_tp_engine_its_bundles(spawned):
                               [({"bundle_indices": (0, 1), "gpu_share": 1 / 3},),
                                ({"bundle_indices": (2, 3), "gpu_share": 1 / 3},)])
     assert all(a is None for role, (_, _, _, a) in out.items() if role != "rollout")
-    spec = _spec(base)  # TP 1: an engine in its own process on its one device, as before
+    spec = _spec([*base, "placement.rollout.engines_per_device=1"])  # TP 1: an engine in its own process on its one device
     launch._place(spec, launch.Cluster(spec=spec))
     assert out["rollout"] == ("RolloutWorker", [0, 1, 2, 3], {"GPU": 1 / 3, "CPU": 1 / 3}, None)
+
+
+def test_engines_that_share_a_device_take_a_share_each_and_start_in_waves(spawned):
+    """Two engines per GPU (the 0.5B default on H100s): each a process of its own on its device's
+    bundle, a quarter of it beside the actor's and the reference's; vLLM's start one after another
+    on a device (it sizes its KV cache from the free memory), every device's first engine at once."""
+    out, _ = spawned
+    spec = _spec([*SMALL[:-1], "hardware.devices_per_node=4"])
+    assert spec.layout.engines == ((0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,))
+    launch._place(spec, launch.Cluster(spec=spec))
+    assert out["rollout"] == ("RolloutWorker", [0, 0, 1, 1, 2, 2, 3, 3], {"GPU": 1 / 4, "CPU": 1 / 4}, None)
+    assert out["actor"][2] == {"GPU": 1 / 4, "CPU": 1 / 4}
+    assert launch.start_waves(spec) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    # an engine that sizes nothing from the free memory starts all at once
+    hf = _spec([*SMALL[:-1], "hardware.devices_per_node=4", "rollout.engine=hf", "placement.rollout.engines_per_device=2"])
+    assert launch.start_waves(hf) == [list(range(8))]
+
+
+def test_disaggregated_engines_on_one_device_share_its_bundle(ray_stand_in):
+    spec = _spec(["algo=grpo", "placement=disaggregated", "hardware.devices_per_node=4",
+                  "placement.rollout.engines_per_device=2"])
+    slots = launch.reserve(spec, launch.Cluster(spec=spec))
+    rollout_pg = slots["rollout"][0][0]
+    assert rollout_pg.bundles == [{"CPU": 1.0}]  # one device, reserved once
+    assert slots["rollout"] == [(rollout_pg, (0,)), (rollout_pg, (0,))]
+    assert launch.placement(spec)["rollout"][0].resources == {"CPU": 0.5}
 
 
 def test_a_tp_engine_starts_vllm_on_its_bundles(monkeypatch):

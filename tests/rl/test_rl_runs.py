@@ -32,9 +32,10 @@ SHORT = ["tracking=none"]  # the short runs: their metrics.jsonl is all the test
 # a rollout engine added from a plugin module alone (nothing in rlhf/ names it)
 PLUGIN_ENGINE = ["rollout.plugins=[tests.rl.engine_plugin]", "rollout.engine=logged_hf"]
 ZERO2 = GRPO + SHORT + PLUGIN_ENGINE + ["train.steps=2", "train.zero_stage=2"]
-# disaggregated on 3 CPU slots: actor 1, reference 1, rollout 1, a process each (vs all on one slot)
+# disaggregated on 3 CPU slots: actor 1, reference 1, and two rollout engines sharing the third
+# (placement.rollout.engines_per_device=2), a process each (vs all on one slot)
 DISAGGREGATED = GRPO + SHORT + PLUGIN_ENGINE + [f"train.steps={EQUAL_STEPS}", "placement=disaggregated",
-                                                "hardware.devices_per_node=3"]
+                                                "hardware.devices_per_node=3", "placement.rollout.engines_per_device=2"]
 
 
 @pytest.fixture(scope="module")
@@ -135,19 +136,24 @@ def test_hybrid_equals_disaggregated(grpo_hybrid, disaggregated_run):
 @pytest.mark.parametrize("placement", ["hybrid", "disaggregated"])
 def test_plugin_engine_runs_the_rl_loop(zero2_run, disaggregated_run, placement):
     """The plugin engine (tests/rl/engine_plugin.py) ran the RL loop in both placements (one CPU
-    slot: every role in one process; 3 slots: a process each); tests/rl/test_rl_engine_plugin.py
-    checks that the spec, the plan and validation know it."""
+    slot: every role in one process; 3 slots: a process each, two engines sharing the rollout's
+    slot); tests/rl/test_rl_engine_plugin.py checks that the spec, the plan and validation know it."""
     run, overrides = {"hybrid": (zero2_run, ZERO2), "disaggregated": (disaggregated_run, DISAGGREGATED)}[placement]
     spec = make_spec(overrides, run["dir"] / "probe")
     assert spec.rollout_engine == "logged_hf" and spec.layout.mode == placement
+    n = {"hybrid": 1, "disaggregated": 2}[placement]
+    assert spec.layout.engines == ((spec.layout.roles["rollout"][0],),) * n  # n engines on one slot
     steps = spec.train.steps
     assert run["code"] == 0 and len(run["rows"]) == steps
     calls = [json.loads(x) for x in (run["dir"] / "engine_calls.jsonl").read_text().splitlines()]
     generated = [c for c in calls if c["method"] == "generate"]
-    # one engine on CPU: every step's prompts went through the plugin's engine, group_size samples each
-    assert [(c["prompts"], c["n"]) for c in generated] == [(spec.train.prompts_per_step, spec.algo.group_size)] * steps
-    # and it got the weights after every update (the object-store transport of a kind without device weights)
-    assert sum(c["method"] == "load_weights" for c in calls) == steps
+    # every step's prompts went through the plugin's engines, split between them, group_size samples each
+    share = (spec.train.prompts_per_step // n, spec.algo.group_size)
+    assert [(c["prompts"], c["n"]) for c in generated] == [share] * steps * n
+    assert len({c["pid"] for c in generated}) == n  # a process per engine
+    # and each got the weights after every update (the object-store transport of a kind without device weights)
+    loads = [c for c in calls if c["method"] == "load_weights"]
+    assert len(loads) == steps * n and len({c["pid"] for c in loads}) == n
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in run["rows"])
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender, sender_for
+from rlhf.workers.sync_cuda import CudaIPCSender, NcclSender, nccl_lanes, sender_for
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.frozen import ReferenceWorker
 from rlhf.workers.policy import PolicyWorker
@@ -36,6 +36,16 @@ def test_the_placement_picks_the_sender_and_only_rank_0_talks_to_the_engines(mod
 def test_nccl_ranks_count_each_engines_tensor_parallel_workers():
     sender = sender_for(_spec("disaggregated", engines=((0, 1), (2, 3), (4, 5))), ["a", "b", "c"], rank=0)
     assert sender.engine_tp == [2, 2, 2] and sender.world_size == 7
+
+
+def test_engines_that_share_a_gpu_are_in_different_nccl_lanes():
+    """NCCL refuses two ranks of one group on one GPU: lane k holds the k-th engine of each device."""
+    assert nccl_lanes([(4,), (4,), (5,), (5,)]) == [[0, 2], [1, 3]]
+    assert nccl_lanes([(0, 1), (2, 3)]) == [[0, 1]]
+    assert nccl_lanes([(6,), (6,), (6,), (6,), (7,)]) == [[0, 4], [1], [2], [3]]
+    sender = sender_for(_spec("disaggregated", engines=((6,), (6,), (7,), (7,))), ["a", "b", "c", "d"], rank=0)
+    assert sender.lanes == [[0, 2], [1, 3]]
+    assert [sender.lane_world_size(lane) for lane in sender.lanes] == [3, 3]  # the trainer + one worker per engine
 
 
 def test_trained_roles_answer_the_schedule_and_only_the_policy_sends():
