@@ -12,6 +12,7 @@
 # (RAY_ADDRESS=local); what a job leaves running is ended by its tag when it returns.
 #
 # gen-levers, gen-levers-15b (BENCHMARKS.md §10): the generation phase's levers, one table per call (~9 min each).
+# engines, engines-15b (BENCHMARKS.md §10): the GRPO recipe at engines_per_device=1 then 2, one call each (~8 min).
 # mfu-probe (BENCHMARKS.md §12): the actor update's MFU at 0.5B, variant by variant, in < 390 s (its own budget).
 # bench-e2e-trl (BENCHMARKS.md §4) needs TRL in the bundle: EXTRA="trl==1.16.0" bash ../shared/gpu/build-bundle.sh.
 #
@@ -70,6 +71,8 @@ bench-rollout-15b|1|300|$PY -m bench.rollout --preset qwen2.5-1.5b --prompts 512
 mismatch|1|480|$PY -m bench.mismatch
 gen-levers|1|560|$PY -m bench.gen_levers --preset qwen2.5-0.5b ${GEN_LEVERS_ARGS:-}
 gen-levers-15b|1|560|$PY -m bench.gen_levers --preset qwen2.5-1.5b ${GEN_LEVERS_ARGS:-}
+engines|1|570|bash scripts/engines_gpu.sh qwen2.5-0.5b
+engines-15b|1|570|bash scripts/engines_gpu.sh qwen2.5-1.5b
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
 grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2

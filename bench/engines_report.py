@@ -1,0 +1,54 @@
+"""One rollout engine per GPU against two (scripts/engines_gpu.sh's runs, ``placement.rollout.engines_per_device``).
+
+    python -m bench.engines_report /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e1 /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e2
+
+For each run dir the figures of ``bench.async_report.summary`` (medians over steps 2.. of the step,
+its phases and ``mismatch/logp_abs_mean``; the plan's phase figures against the GPU's measured peak),
+one ``RESULT`` row each; then the second run's generation speed-up over the first
+(``time/generate`` of the first / of the second: the acceptance of issue 33 item 2 is ≥ 1.5), its step
+time ratio, and its mismatch as a share of the first's (≈ 1: the same bf16 agreement).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.async_report import summary
+from bench.checks import record, write_json_out
+
+
+def compare(a: dict, b: dict) -> dict:
+    """The second run against the first: generation speed-up, step ratio, mismatch ratio (what both have)."""
+    out: dict = {}
+    if a.get("time/generate") and b.get("time/generate"):
+        out["generate_speedup"] = a["time/generate"] / b["time/generate"]
+    if a.get("time/step") and b.get("time/step"):
+        out["step_ratio"] = b["time/step"] / a["time/step"]
+    if a.get("mismatch/logp_abs_mean") and b.get("mismatch/logp_abs_mean") is not None:
+        out["mismatch_ratio"] = b["mismatch/logp_abs_mean"] / a["mismatch/logp_abs_mean"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    runs = [Path(a) for a in argv]
+    results = {}
+    for run in runs:
+        s = summary(run)
+        results[run.name] = s
+        print(f"{run.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
+        record(f"engines_per_device_{run.name}", **s)
+    ok = bool(results) and all(s["steps"] > 0 for s in results.values())
+    if len(runs) == 2 and ok:
+        a, b = (results[r.name] for r in runs)
+        c = compare(a, b)
+        results["compare"] = c
+        print(f"{runs[1].name} against {runs[0].name}: " + ", ".join(f"{k}={v:.3f}" for k, v in c.items()))
+        record(f"engines_per_device_{runs[1].name}_vs_{runs[0].name}", **c)
+    write_json_out("bench_engines_per_device.json", results)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

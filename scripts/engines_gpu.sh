@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One vLLM engine per GPU against two (placement.rollout.engines_per_device, BENCHMARKS.md §10): the
+# GPU run of recipe grpo_qwen05_random_1xh200 (hybrid on one H200, 32 prompts × 8 samples, 256
+# response tokens) twice, engines_per_device=1 then 2, on a random model of PRESET's shape
+# (qwen2.5-0.5b, or qwen2.5-1.5b: model.path's config.json gives the plan its shape). For each: the
+# plan (--plan), the run, the GPU's memory in use every 0.5 s; then bench.engines_report compares
+# time/generate (median over steps 2..) and the engine-vs-trainer mismatch (mismatch/logp_abs_mean).
+#
+#   bash scripts/engines_gpu.sh [PRESET]     # STEPS (default 6) sets train.steps; EXTRA_ARGS adds overrides
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+preset=${1:-qwen2.5-0.5b}
+model=/tmp/rlhf-gpu/models/$preset-random
+$PY -m bench.make_model "$preset" "$model" || exit 1
+runs=/tmp/rlhf-gpu/runs
+mkdir -p "$runs"
+rc=0
+for n in 1 2; do
+  out=$runs/engines-$preset-e$n
+  rm -rf "$out" "$out.plan.txt" "$out.smi"
+  args="recipe=grpo_qwen05_random_1xh200 model.path=$model train.steps=${STEPS:-6} placement.rollout.engines_per_device=$n ${EXTRA_ARGS:-}"
+  # shellcheck disable=SC2086
+  $PY -m rlhf.cli $args --plan > "$out.plan.txt" 2>&1 || rc=1
+  cat "$out.plan.txt"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out.smi" 2>/dev/null &
+  smi=$!
+  # shellcheck disable=SC2086
+  $PY -m rlhf.cli $args tracking.console=plain output_dir="$out" || rc=1
+  kill "$smi" 2>/dev/null
+  wait "$smi" 2>/dev/null
+done
+$PY -m bench.engines_report "$runs/engines-$preset-e1" "$runs/engines-$preset-e2" || rc=1
+exit $rc
