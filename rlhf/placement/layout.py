@@ -189,7 +189,7 @@ def problems(s: dict[str, Any], roles: tuple[str, ...], shape_from: Optional[str
         p.append(f"placement.rollout.engines={pl.rollout.engines} must be >= 0 (0 = as many as fit).")
     tp = pl.rollout.tensor_parallel
     per = pl.rollout.engines_per_device
-    if per != "auto" and (isinstance(per, bool) or per not in ENGINES_PER_DEVICE):
+    if per != "auto" and (not isinstance(per, int) or isinstance(per, bool) or per not in ENGINES_PER_DEVICE):
         p.append(f"placement.rollout.engines_per_device={per} is not valid. Choose one of: auto, "
                  f"{', '.join(map(str, ENGINES_PER_DEVICE))}.")
     elif per != "auto" and per > 1 and tp != 1:

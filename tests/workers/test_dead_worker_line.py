@@ -39,3 +39,21 @@ def test_dead_worker_names_role_rank_and_gpus(role, tmp_path):
     assert "\n" not in line
     assert line.startswith(f"{who} died during the run: "), line
     assert "Cluster shut down." in line
+
+
+def test_engines_sharing_a_gpu_are_named_by_engine_with_their_one_gpu(tmp_path):
+    """Two engines on GPU 1 (placement.rollout.engines_per_device=2): the second's death names it and
+    its GPU; the engines' group, as a collective timeout line names it, lists GPU 1 once."""
+    from ray.exceptions import RayActorError
+
+    from rlhf.launch.failures import _group, worker_failure
+
+    spec = planned_spec(["model=qwen2.5-0.5b", "hardware=2xh200", "placement=disaggregated", "algo.kl.coef=0",
+                         "placement.rollout.engines_per_device=2", f"output_dir={tmp_path}", "model.path=/nonexistent"])
+    assert spec.layout.engines == ((1,), (1,))
+    groups = {"actor": SimpleNamespace(workers=[_Handle("actor0")]),
+              "rollout": SimpleNamespace(workers=[_Handle("rollout0"), _Handle("rollout1")])}
+    cluster = SimpleNamespace(groups=groups, spec=spec, nodes=[])
+    line = worker_failure(RayActorError(actor_id="rollout1"), cluster)
+    assert line.startswith("rollout engine 1 (GPU 1) died during the run: "), line
+    assert _group(cluster, "rollout") == "rollout engines 0-1 (GPU 1)"
