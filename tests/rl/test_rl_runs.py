@@ -10,7 +10,8 @@ The short runs (a few steps each) read only metrics.jsonl: no tracker (``trackin
 metrics). Two of them sample through the plugin engine of tests/rl/engine_plugin.py (``logged_hf``:
 the HF engine behind a wrapper that notes each call; on CPU the same samples and the same weight
 transport as ``hf``), so that one run is both a placement check and the plugin engine's run in
-that placement: the ZeRO-2 run (hybrid) and the disaggregated run. The data-parallel run is scored
+that placement: the ZeRO-2 run (hybrid) and the disaggregated run (whose two engines share one slot,
+``placement.rollout.engines_per_device=2``: the several-engines-per-device run). The data-parallel run is scored
 by a reward server on localhost (``reward.remote``, serving the built-in reward: the same rewards),
 so that it is the remote reward's run too.
 """
