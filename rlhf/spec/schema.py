@@ -538,6 +538,9 @@ class TrackingSpec(Frozen):
                        "Ray, NCCL, torch warnings) | none. Except with verbose, each worker's output goes to "
                        "<run dir>/logs/<role>_<rank>.log instead.")
     log_every: int = doc(1, "Steps between metric logs.")
+    report: bool = doc(True, "At the end of the run, draw <run dir>/report/report.png and report.html (the "
+                       "curves; also MLflow artifacts under report/). false skips them (matplotlib's import and "
+                       "drawing, ~1.5 s of CPU); rlhf-report <run dir> draws them later from metrics.jsonl.")
     objective: str = doc("reward/mean", "What a sweep (-m) returns to Hydra's sweeper (e.g. Optuna's "
                          "objective): this metric's mean over the last fifth of the steps that logged it.")
 
