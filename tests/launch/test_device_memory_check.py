@@ -5,6 +5,7 @@ the Ray actors are stood in for (CPU machine)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -40,6 +41,10 @@ def test_a_file_in_gib_gets_one_line_with_both_numbers_and_the_fix():
 
 
 def test_the_tolerance_is_3_percent_either_way():
+    from rlhf.plan.memory import DEVICE_MEMORY_TOLERANCE
+
+    assert "| 0.03 | `DEVICE_MEMORY_TOLERANCE` |" in (Path(__file__).parents[2] / "docs" / "memory.md").read_text()
+    assert DEVICE_MEMORY_TOLERANCE == 0.03
     spec = planned_spec(["hardware=1xh200", "hardware.device_memory_gb=100"])
     for gb, warns in ((102.9, False), (97.1, False), (103.1, True), (96.9, True)):
         assert (device_memory_mismatch(spec, int(gb * 1e9)) is not None) == warns, gb
