@@ -283,7 +283,7 @@ def capacity(spec: RunSpec, name: str) -> float:
 
 # The start-up check of hardware.device_memory_gb against the device (``device_memory_mismatch``):
 # vLLM reserves gpu_memory_utilization of the device's true total, so a file that states GiB
-# (141 for an H200, whose CUDA total is 150.7 GB) under-plans vLLM's share by u·7 %.
+# (141 for an H200, whose CUDA total is 150.7 GB) under-plans vLLM's share by u · 9.7 GB.
 DEVICE_MEMORY_TOLERANCE = 0.03
 
 
