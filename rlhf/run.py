@@ -213,6 +213,8 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             + (f" · worker logs: {log_dir(run_dir)}/" if spec.tracking.console != "verbose" else ""))
         if setup_line(spec):
             console.print(setup_line(spec))
+        for w in cluster.warnings:  # hardware.device_memory_gb against the GPU: a warning, not an error
+            console.print(f"warning: {w}")
         import importlib
 
         loop = importlib.import_module(f"rlhf.loops.{kind}")

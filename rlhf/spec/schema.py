@@ -329,7 +329,9 @@ class HardwareSpec(Frozen):
     accelerator: str = doc("cuda", "cuda | cpu (cpu: DeepSpeed's CPU accelerator with gloo, HF generate).")
     nodes: int = doc(1, "Machines in the Ray cluster.")
     devices_per_node: int = doc(1, "GPUs per node, or CPU worker slots when accelerator=cpu.")
-    device_memory_gb: float = doc(0.0, "Memory of one GPU (GB), which the plan checks each role against.")
+    device_memory_gb: float = doc(0.0, "Memory of one GPU: the device's total as CUDA reports it, in GB (1e9 "
+                                  "bytes; an H200's 143,771 MiB is 150.7), which the plan checks each role "
+                                  "against; vLLM's share is rollout.gpu_memory_utilization of it.")
     peak_bf16_tflops: float = doc(0.0, "Peak dense bf16 TFLOP/s of one device; compared when the plan "
                                   "suggests other hardware of the same kind.")
     host_memory_gb: float = doc(0.0, "Host memory of one node (GB): the plan checks what the run keeps there "

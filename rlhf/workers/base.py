@@ -203,6 +203,16 @@ class Worker:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
+    def device_memory_total(self) -> int:
+        """Bytes CUDA reports as this process's device's total (what vLLM's gpu_memory_utilization
+        is a share of); 0 off CUDA. The driver compares it with hardware.device_memory_gb once per
+        run (rlhf.launch.cluster.device_memory_warning)."""
+        if self.device != "cuda":
+            return 0
+        import torch
+
+        return int(torch.cuda.mem_get_info()[1])
+
     def memory_peaks(self) -> dict[str, float]:
         """GiB this process's allocator reserved and its tensors held at most since the last call
         (then the counters restart); none off CUDA. Reserved − allocated is the caching allocator's
