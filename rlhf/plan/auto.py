@@ -83,22 +83,34 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         out.append(Decision("train.compile_logprobs", AUTO, spec.train.compile_logprobs,
                             "" if spec.train.compile_logprobs else "CPU run"))
     out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps
+    placed = _states(spec)
+    if out and out[0].key == "train.max_tokens_per_micro_batch" and spec.algo.kind == "rl" \
+            and spec.hardware.accelerator == "cuda":
+        base, out[0] = out[0], _token_budget(spec, out[0])
+        if out[0].value != base.value and placed:
+            # decided again at the chosen budget: the same values (a larger budget only adds memory,
+            # and the values decided at the smaller one fit at it), the reasons' figures as planned
+            for d in placed:
+                section, key = d.key.split(".")
+                setattr(getattr(spec, section), key, d.given)
+            placed = _states(spec)
+    return tuple(out + placed)
+
+
+def _states(spec: RunSpec) -> list[Decision]:
+    """Where the training states live: the ZeRO stage, optimizer offload, hybrid's offload while vLLM generates."""
     # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an engine
     # that async keeps awake (the plan's fit check says whether both fit, and what to lower), so its
     # figures are read with the engine asleep for that one decision
-    awake = overlaps_update(spec)  # sleep_rollout resolved to false above
+    awake = overlaps_update(spec)  # sleep_rollout resolved to false before
     if awake:
         spec.placement.sleep_rollout = True
     try:
-        out.extend(_zero_and_offload(spec))
+        out = _zero_and_offload(spec)
     finally:
         if awake:
             spec.placement.sleep_rollout = False
-    out.extend(_train_state(spec))
-    if out and out[0].key == "train.max_tokens_per_micro_batch" and spec.algo.kind == "rl" \
-            and spec.hardware.accelerator == "cuda":
-        out[0] = _token_budget(spec, out[0])
-    return tuple(out)
+    return out + _train_state(spec)
 
 
 def _token_budget(spec: RunSpec, base: Decision) -> Decision:
