@@ -22,6 +22,10 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
   (the driver's environment is the workers') and Liger covers the checkpoint's ``model_type``. A
   type the driver cannot read yet (a Hub id not downloaded) is left to the workers: on, and a type
   Liger does not cover then runs without.
+- ``model.compile_layers`` auto: off. Compiled decoder layers (rlhf.models.compiled) made the
+  update 1.12× faster than Liger's kernels at 0.5B (BENCHMARKS §12), under the 1.25× that would make
+  them the default before the loop itself is measured with them; ``true`` is the opt-in, and turns
+  ``model.liger_kernels`` auto off (dynamo cannot trace Liger's kernels in a compiled layer).
 - ``train.compile_logprobs`` auto: on for CUDA runs (inductor's fused kernels for the LM head's
   chunk passes; measured 1.43× on the actor's forward+backward at 0.5B, BENCHMARKS §6).
 - ``placement.sleep_rollout`` auto: the engines sleep while the models beside them train, unless
@@ -75,6 +79,10 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         spec.rollout.seeded = engines.kind(spec).seeded
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
                             "" if spec.rollout.seeded else f"{spec.rollout_engine} samples unseeded requests in one batch"))
+    if spec.model.compile_layers == AUTO:  # before Liger: compiled layers turn Liger's auto off
+        spec.model.compile_layers = False
+        out.append(Decision("model.compile_layers", AUTO, False, COMPILE_LAYERS_OFF if spec.hardware.accelerator == "cuda"
+                            else ""))
     if spec.model.liger_kernels == AUTO:
         spec.model.liger_kernels, why = _liger(spec)
         out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))
@@ -143,6 +151,9 @@ def _liger(spec: RunSpec) -> tuple[bool, str]:
     """``model.liger_kernels`` auto: (on, why)."""
     if spec.hardware.accelerator != "cuda":
         return False, ""  # Triton kernels: nothing to decide, nothing for the plan to say
+    if spec.model.compile_layers is True:
+        return False, ("model.compile_layers=true: inductor fuses the norms and MLP in the compiled layers, and "
+                       "dynamo cannot trace Liger's kernels there")
     if importlib.util.find_spec("liger_kernel") is None:
         return False, LIGER_NOT_INSTALLED
     kind = model_type(spec.model.path, spec.model.revision)
@@ -153,6 +164,8 @@ def _liger(spec: RunSpec) -> tuple[bool, str]:
 
 
 LIGER_NOT_INSTALLED = "the liger-kernel package is not installed"
+COMPILE_LAYERS_OFF = ("an opt-in until measured in the loop: 1.12× the update at 0.5B against Liger's kernels, "
+                      "BENCHMARKS §12; model.compile_layers=true")
 
 
 def liger_coverage(kind: Optional[str]) -> tuple[bool, str]:

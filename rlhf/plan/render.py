@@ -228,6 +228,7 @@ def _decisions(spec: RunSpec) -> list[str]:
             "training states offloaded while vLLM generates" if v else "training states stay on the GPU while vLLM generates"),
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
         "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
+        "model.compile_layers": lambda v: f"decoder layers {'compiled' if v else 'eager'}",
     }
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
