@@ -314,7 +314,16 @@ class ModelSpec(Frozen):
     liger_kernels: Any = doc("auto", "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
                              "training-side models (fewer elementwise passes, less activation memory). "
                              "auto: on for CUDA runs when the liger-kernel package is installed and "
-                             "covers the model's model_type.")
+                             "covers the model's model_type, and the layers are not compiled "
+                             "(model.compile_layers).")
+    compile_layers: Any = doc("auto", "torch.compile each decoder layer of the training-side models (regional "
+                              "compilation, dynamic shapes: one graph serves every layer; inductor fuses the norms, "
+                              "SwiGLU, RoPE and residual adds): auto | true | false. auto: off for now (1.12× the "
+                              "update at 0.5B on an H200, BENCHMARKS §12; an opt-in until measured in the loop). "
+                              "true: the first passes pay the compilation (~14 s at 0.5B), Liger's kernels go off "
+                              "(model.liger_kernels auto; true with both is refused), a compile failure warns once "
+                              "and runs the layers eagerly; on CPU the layers are traced only (aot_eager backend: "
+                              "no speed-up, for tests).")
     lora: LoraSpec = docf(LoraSpec, "LoRA adapters: rank > 0 trains adapters, not the policy's weights.")
 
 

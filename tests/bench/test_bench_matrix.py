@@ -18,7 +18,7 @@ QWEN15 = {"num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 896
 
 
 @pytest.mark.parametrize("cell,config,zero,offload", [
-    ("05b-grpo", QWEN05, "2", "false"),
+    ("05b-grpo", QWEN05, "1", "false"),  # one rank: ZeRO-1 (BENCHMARKS §12)
     ("15b-ppo", QWEN15, "2", None),  # offload as the plan decides: parsed, whichever it is
 ])
 def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, offload):

@@ -38,8 +38,26 @@ def _with(s: dict, section: str, **values) -> dict:
 
 @pytest.fixture(scope="module")
 def both():
-    """The 0.5B run on one H200, synchronous and async."""
-    return planned_spec([*H200, "algo.tis_cap=2.0"]), planned_spec([*H200, *ASYNC])
+    """The 0.5B run on one H200, synchronous and async, at the same token budget (the null one of
+    8 samples × 2,048 tokens: the GPU's auto budget differs between them, below)."""
+    return (planned_spec([*H200, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384"]),
+            planned_spec([*H200, *ASYNC, "train.max_tokens_per_micro_batch=16384"]))
+
+
+def test_the_awake_engine_leaves_a_smaller_auto_token_budget():
+    """train.max_tokens_per_micro_batch null on a GPU: the largest power of two ≤ 32,768 that fits. The
+    synchronous run's training phase has vLLM asleep and takes 32,768; beside the awake engine (u·M
+    of the GPU) 32,768 does not fit and the budget stays at 16,384."""
+    sync, spec = planned_spec([*H200, "algo.tis_cap=2.0"]), planned_spec([*H200, *ASYNC])
+    assert sync.train.max_tokens_per_micro_batch == 32768
+    assert spec.train.max_tokens_per_micro_batch == 16384
+    why = next(d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch")
+    assert why.startswith("8 samples × 2048 tokens; 32768 would make the training phase ")
+    # the advice weighs a smaller vLLM share at that budget (the memory it frees is not re-spent on a
+    # larger auto budget, which would leave the figure no smaller)
+    from rlhf.plan.oom import oom_message
+
+    assert "rollout.gpu_memory_utilization=" in oom_message(spec, "update")
 
 
 def test_hybrid_gpu_async_is_valid_and_keeps_the_engine_awake(both):

@@ -105,13 +105,13 @@ def test_hybrid_plan_figures_follow_the_doc(capsys):
     """docs/memory.md's worked example, with the GPU default: Liger's kernels on. ZeRO-2 fits the
     training phase, so the auto rule keeps it, and then the training states cannot stay resident
     next to vLLM; pinned to ZeRO-3 (the doc's second half) they can."""
-    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true")
     m, md, hw = load("model", "llama3-8b"), load("model_defaults", "llama3-8b"), load("hardware", "8xh100")
+    s = md["rollout"]["max_prompt_tokens"] + md["rollout"]["max_response_tokens"]
+    t = md["train"]["micro_batch_size"] * s  # the doc's t, pinned (null keeps it here: below)
+    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true", f"train.max_tokens_per_micro_batch={t}")
     P, N, b = doc_params(m), hw["devices_per_node"] * hw["nodes"], 2
     assert "zero_stage" not in md["train"]  # auto: the doc's rule picks ZeRO-2 (it fits, below)
-    s = md["rollout"]["max_prompt_tokens"] + md["rollout"]["max_response_tokens"]
-    t = md["train"]["micro_batch_size"] * s
-    assert f"≤ {t} tokens per micro-batch" in out
+    assert f"≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch)" in out
     fixed = {"runtime": 2.0, "vLLM asleep": 1.0}  # no allocator slack on these
     act = doc_activations(m, t, md["model"]["gradient_checkpointing"], liger=True)
     ref_pass = doc_forward_pass(m, t, liger=True)
@@ -145,7 +145,12 @@ def test_hybrid_plan_figures_follow_the_doc(capsys):
     assert "placement (hybrid, 8 devices)" in out
     # ZeRO-3 pinned: everything sharded, the gathered layers in the buffers; the partitioned head
     # goes through autograd (18 B per logit of one chunk)
-    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true", "train.zero_stage=3")
+    # null: the auto budget tries the next power of two, which does not fit at ZeRO-2, and keeps t
+    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true")
+    assert (f"≤ {t} tokens per micro-batch (train.max_tokens_per_micro_batch null: {md['train']['micro_batch_size']} "
+            f"samples × {s} tokens; {2 * t} would make the training phase") in out
+    out = plan(capsys, *LLAMA8, "placement=hybrid", "model.liger_kernels=true", "train.zero_stage=3",
+               f"train.max_tokens_per_micro_batch={t}")
     expect = {"actor weights": b * P / N / 1e9, "actor grads": b * P / N / 1e9, "actor optimizer": 12 * P / N / 1e9,
               "reference weights": b * P / N / 1e9, "actor ZeRO buffers": doc_zero_buffers(m, 3),
               "actor optimizer step": 6 * P / N / 1e9, "activations": act,
@@ -229,15 +234,26 @@ def test_lora_rl_reference_is_the_policy_without_adapters(capsys):
 
 
 def test_zero3_only_when_several_ranks_and_zero2_does_not_fit(capsys):
-    # one rank: never ZeRO-3; the optimizer would go to host memory, but 1xh200's 125 GB cannot hold it
+    # one rank: never ZeRO-3, and ZeRO-1 rather than ZeRO-2 (the same memory at one rank, without
+    # ZeRO-2's gradient hooks); the optimizer would go to host memory, but 1xh200's 125 GB cannot hold it
     out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200")
-    assert "· ZeRO-2 · seed" in out
-    assert "ZeRO-2 (auto: 1 rank; ZeRO-3 only shards over several ranks)" in out
+    assert "· ZeRO-1 · seed" in out
+    assert "ZeRO-1 (auto: 1 rank: ZeRO-2's gradient hooks would partition nothing" in out
     assert "optimizer on the GPU (auto: offloaded, Adam's state would make the host memory" in out
-    # with the host memory unchecked the optimizer is offloaded as before
+    # with the host memory unchecked the optimizer is offloaded, at ZeRO-2 (DeepSpeed's CPU Adam path)
     out = plan(capsys, "model=qwen2.5-7b", "hardware=1xh200", "hardware.host_memory_gb=0")
     assert "· ZeRO-2 · optimizer offloaded ·" in out
+    assert "ZeRO-2 (auto: 1 rank, the optimizer in host memory" in out
     assert "optimizer offloaded (auto: Adam's state (91 GB per GPU) in host memory" in out
+    # pinned either way, the other follows: offload off → ZeRO-1, offload on → ZeRO-2
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "train.offload_optimizer=false")
+    assert "· ZeRO-1 · seed" in out
+    out = plan(capsys, "model=qwen2.5-0.5b", "hardware=1xh200", "train.offload_optimizer=true")
+    assert "· ZeRO-2 · optimizer offloaded ·" in out
+    # a critic with two ranks beside a one-rank actor (disaggregated): ZeRO-2, as from two ranks
+    out = plan(capsys, "algo=ppo", "model=qwen2.5-0.5b", "hardware=8xh100", "placement=disaggregated",
+               "placement.actor=1", "placement.critic=2", "placement.reference=1", "placement.rollout.engines=1")
+    assert "· ZeRO-2 · seed" in out and "device 1-2: critic" in out
     # two ranks, ZeRO-2 does not fit without checkpointing: ZeRO-3 rather than a host optimizer
     out = plan(capsys, "model=qwen2.5-7b", "hardware=2xh200", "model.gradient_checkpointing=false",
                "train.max_tokens_per_micro_batch=4096")
@@ -271,7 +287,7 @@ def test_states_stay_resident_when_both_phases_fit(capsys):
     assert figure(out, "generation phase:", "frozen weights (resident)") == pytest.approx(2 * P / 1e9, abs=0.051)
     host = re.search(r"^host memory per node: (.*)$", out, flags=re.M).group(1)
     assert figure("x " + host, "x", "training states (offloaded)") < 1.5  # adapters + reduce bucket, not 1 GB of base
-    assert "(auto:" not in out.split("ZeRO-2 (auto")[1]  # a pinned value has no auto line
+    assert "(auto:" not in out.split("ZeRO-1 (auto")[1]  # a pinned value has no auto line
 
 
 def test_llama3_70b_on_one_h200_does_not_fit_and_the_plan_says_so(capsys):
