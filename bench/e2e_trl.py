@@ -23,7 +23,8 @@ between them), on the same work:
   with vLLM; TRL does for its vLLM importance-sampling correction, on by default).
 
 Ours: ``python -m rlhf.cli recipe=grpo_qwen05_random_1xh200 ...`` (the entry of
-scripts/grpo_gpu.sh): DeepSpeed ZeRO-2 bf16 (fp32 master weights), hybrid placement, CUDA IPC
+scripts/grpo_gpu.sh): DeepSpeed bf16 (fp32 master weights) at the plan's ZeRO stage (ZeRO-1 at one rank
+since BENCHMARKS §12; ZeRO-2 before), hybrid placement, CUDA IPC
 weight sync. Phase times come from its metrics.jsonl. The run is stopped once its last step is
 logged (its end-of-run checkpoint is not part of the benchmark).
 
@@ -140,7 +141,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--offload", choices=("auto", "true", "false"), default="auto",
                     help="our placement.offload_train_state (auto: resident when the plan says both phases fit)")
     ap.add_argument("--ours-tokens", type=int, default=32768,
-                    help="our train.max_tokens_per_micro_batch (packed micro-batches)")
+                    help="our train.max_tokens_per_micro_batch (packed micro-batches); 0 = null, the plan's "
+                         "choice (on a GPU the largest power of two ≤ 32,768 that fits)")
     ap.add_argument("--liger", nargs="?", const="true", default="auto", choices=("auto", "true", "false"),
                     help="our model.liger_kernels (default auto: on when liger-kernel is installed and covers the model type)")
     ap.add_argument("--trl-sleep", choices=("on", "off"), default=None, help="TRL's vllm_enable_sleep_mode alone")
@@ -300,7 +302,7 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
         "data.shuffle=false",
         f"placement.sleep_rollout={on}",
         f"placement.offload_train_state={a.offload if a.sleep == 'on' else 'false'}",
-        f"train.max_tokens_per_micro_batch={a.ours_tokens}",
+        f"train.max_tokens_per_micro_batch={a.ours_tokens or 'null'}",
         f"model.liger_kernels={a.liger}",
         "tracking.console=plain",
         f"output_dir={run_dir}",
@@ -750,7 +752,7 @@ def report(a, res: dict) -> str:
         f"e2e GRPO step, ours vs TRL GRPOTrainer ({trl_kind}): {a.preset} random, "
         f"{a.prompts_per_step} prompts x {a.group}, <= {a.max_new} new tokens, micro {a.micro} "
         f"({grad_accum(a)} accum), lr {a.lr:g}, KL {a.kl:g}, sleep ours {a.sleep} / TRL {a.trl_sleep}; "
-        f"ours: ≤ {a.ours_tokens} tokens per packed micro-batch, offload_train_state={a.offload}, "
+        f"ours: ≤ {a.ours_tokens or 'auto (the plan)'} tokens per packed micro-batch, offload_train_state={a.offload}, "
         f"liger_kernels={a.liger}{' ' + a.ours_extra if a.ours_extra else ''}; TRL weights {a.trl_dtype}; "
         f"mean of steps {a.warmup + 1}..{total_steps(a)} ({a.warmup} warm-up)",
         "| phase (s) | ours | TRL | TRL/ours |",

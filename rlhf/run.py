@@ -213,6 +213,8 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             + (f" · worker logs: {log_dir(run_dir)}/" if spec.tracking.console != "verbose" else ""))
         if setup_line(spec):
             console.print(setup_line(spec))
+        for w in cluster.warnings:  # hardware.device_memory_gb against the GPU: a warning, not an error
+            console.print(f"warning: {w}")
         import importlib
 
         loop = importlib.import_module(f"rlhf.loops.{kind}")
@@ -221,9 +223,10 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         status = "FINISHED"
         if (run_dir / "final" / "hf").is_dir():  # every loop ends with its HF export there
             tracker.log_model_path(str(run_dir / "final" / "hf"))
-        from rlhf.report import report_at_end  # rlhf/report: the run's curves, PNG + HTML, MLflow artifacts
+        if spec.tracking.report:
+            from rlhf.report import report_at_end  # rlhf/report: the run's curves, PNG + HTML, MLflow artifacts
 
-        report_at_end(spec, run_dir, tracker, console)
+            report_at_end(spec, run_dir, tracker, console)
         from rlhf.hub_push import push_at_end  # checkpoint.push_to_hub: final/hf to the Hub
 
         push_at_end(spec, run_dir, console.print)

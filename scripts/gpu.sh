@@ -14,6 +14,9 @@
 # gen-levers, gen-levers-15b (BENCHMARKS.md §10): the generation phase's levers, one table per call (~9 min each).
 # engines, engines-15b (BENCHMARKS.md §10): the GRPO recipe at engines_per_device=1 then 2, one call each (~8 min).
 # mfu-probe (BENCHMARKS.md §12): the actor update's MFU at 0.5B, variant by variant, in < 390 s (its own budget).
+# mfu-loop, mfu-loop-compiled (BENCHMARKS.md §12): §4's GRPO loop, our side alone, with the defaults the probe
+#   decided (ZeRO-1 at one rank, the token budget the plan picks), then with model.compile_layers=true;
+#   perf/mfu and perf/fwd_bwd_mfu per step in the table (MFU_LOOP_ARGS="--preset qwen2.5-1.5b" for 1.5B).
 # bench-e2e-trl (BENCHMARKS.md §4) needs TRL in the bundle: EXTRA="trl==1.16.0" bash ../shared/gpu/build-bundle.sh.
 #
 # Results ($OUT, else /tmp/rlhf-gpu/out): log (this script's output), lane0.log, lane1.log,
@@ -58,6 +61,8 @@ JOBS=$(cat <<'T'
 tests-kernels|0|240|$PYTEST tests/gpu/test_packed_kernels.py
 update-speed|0|300|$PY -m bench.update_speed
 mfu-probe|0|405|$PY -m bench.mfu_probe ${MFU_PROBE_ARGS:-}
+mfu-loop|0|420|$PY -m bench.e2e_trl --sides ours --side-reserve-s 0 --warmup 2 --steps 4 --ours-tokens 0 ${MFU_LOOP_ARGS:-}
+mfu-loop-compiled|0|480|$PY -m bench.e2e_trl --sides ours --side-reserve-s 0 --warmup 2 --steps 4 --ours-tokens 0 --ours-extra model.compile_layers=true ${MFU_LOOP_ARGS:-}
 grpo|0|360|bash scripts/grpo_gpu.sh hybrid
 bench-mfu|0|300|$PY -m bench.train_mfu --preset qwen2.5-1.5b --samples 64
 tests-hybrid|0|300|$PYTEST tests/gpu/test_vllm_hybrid.py

@@ -47,10 +47,13 @@ def record_learning(test: str, metric: str, value: float, threshold: float) -> N
 
 
 def make_spec(overrides: list[str], out_dir: Path):
-    """The spec of a run into ``out_dir`` with plain console output."""
+    """The spec of a run into ``out_dir`` with plain console output, and without the end-of-run report
+    unless the overrides ask for it (``tracking.report=true``): drawing it costs the driver ~1 CPU-s a
+    run, and only the report's own tests read it (tests/track)."""
     from rlhf.cli import build_spec, compose
 
-    overrides = with_test_seed(overrides) + [f"output_dir={out_dir}", "tracking.console=plain"]
+    report = [] if any(o.startswith("tracking.report=") for o in overrides) else ["tracking.report=false"]
+    overrides = with_test_seed(overrides) + [f"output_dir={out_dir}", "tracking.console=plain", *report]
     return build_spec(compose(overrides), overrides, plan=False)
 
 

@@ -62,6 +62,7 @@ class Cluster:
     placement_groups: list = field(default_factory=list)
     started_ray: bool = False
     nodes: list[str] = field(default_factory=list)  # Ray node id of each plan node (several nodes only)
+    warnings: list[str] = field(default_factory=list)  # found at start-up, for the driver to print once
 
     @property
     def actor(self) -> Optional[ActorGroup]:
@@ -169,6 +170,7 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
+        cluster.warnings += filter(None, [device_memory_warning(spec, cluster)])
     except BaseException:
         cluster.shutdown()
         raise
@@ -192,6 +194,21 @@ def start_waves(spec: RunSpec) -> list[list[int]]:
             waves.append([])
         waves[k].append(i)
     return waves
+
+
+def device_memory_warning(spec: RunSpec, cluster: Cluster) -> Optional[str]:
+    """hardware.device_memory_gb checked against one GPU's total (``rlhf.plan.memory.device_memory_mismatch``):
+    the warning line, or None. Asked of the first training or frozen model's rank 0, which has set
+    its device (a vLLM engine of TP > 1 holds no GPU in its own process); every GPU of a run is
+    assumed alike. None off CUDA."""
+    if spec.device != "cuda":
+        return None
+    from rlhf.plan.memory import device_memory_mismatch
+
+    group = next((cluster.groups[r] for r in ROLE_CLASSES if r != "rollout" and r in cluster.groups), None)
+    if group is None:
+        return None
+    return device_memory_mismatch(spec, ray.get(group.workers[0].device_memory_total.remote()))
 
 
 def ray_nodes(spec: RunSpec) -> list[str]:

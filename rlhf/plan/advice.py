@@ -88,7 +88,10 @@ def apply(spec: RunSpec, overrides: Sequence[str]) -> Optional[RunSpec]:
     sections = {k: _thaw(getattr(spec, k)) for k in CONFIG_SECTIONS}
     for d in spec.auto:  # decided again under the new settings
         *path, leaf = d.key.split(".")
-        setattr(_get_sections(sections, path), leaf, d.given)
+        # except RL's token budget (rlhf.plan.auto._token_budget on GPUs): the memory a setting saves
+        # would go to a larger budget, and the figure would not shrink; a suggestion may set it itself
+        keep = d.key == "train.max_tokens_per_micro_batch" and spec.algo.kind == "rl"
+        setattr(_get_sections(sections, path), leaf, d.value if keep else d.given)
     # a group option first, as Hydra applies it before KEY=VALUE overrides
     for ov in sorted(overrides, key=lambda o: "." in o.split("=", 1)[0]):
         key, value = ov.split("=", 1)

@@ -5,17 +5,27 @@ spec: the frozen spec holds plain values (workers never see ``auto``), and ``Run
 each decision with a one-line reason for the plan. ``config_dict`` writes the given value back
 (``auto`` / null), so a rerun of a saved config decides again from its own hardware.
 
-- ``train.max_tokens_per_micro_batch`` null: micro-batch samples × the longest sequence; for sft/rm/dpo,
+- ``train.max_tokens_per_micro_batch`` null: on CPU micro-batch samples × the longest sequence (the
+  CPU runs' passes, and the numbers their tests compare, as they always were); on GPUs the largest
+  power of two up to ``MAX_AUTO_TOKENS`` (32,768), never below that product, at which every GPU
+  figure still fits with the states where the other decisions put them (decided last): at 0.5B a
+  16k budget's update is 0.77× a 32k one's speed, 64k no faster (BENCHMARKS §12). For sft/rm/dpo,
   which do not pack by it, always the most their micro-batch holds (rlhf.spec.tokens).
-- ``train.zero_stage`` auto: 0 on CPU; on GPUs ZeRO-2, or ZeRO-3 when several ranks share the model
-  and the training figures do not fit at ZeRO-2. At one rank ZeRO-3 shards nothing and only adds a
-  gather to every pass.
+- ``train.zero_stage`` auto: 0 on CPU; on GPUs with one data-parallel rank per trained role ZeRO-1
+  (ZeRO-2's gradient hooks partition nothing there and cost ~11 % of the update: 0.77 s against
+  0.69 s, 28.3 % MFU against 31.6 % at 0.5B, BENCHMARKS §12), or ZeRO-2 when the optimizer goes to host memory (DeepSpeed's
+  CPU Adam path as tested); from two ranks ZeRO-2, or ZeRO-3 when the training figures do not fit
+  at ZeRO-2. At one rank ZeRO-3 shards nothing and only adds a gather to every pass.
 - ``train.offload_optimizer`` auto: on only when the training figures do not fit with Adam's state
   on the GPU (it needs ZeRO >= 1).
 - ``model.liger_kernels`` auto: on for CUDA runs when the ``liger-kernel`` package can be imported
   (the driver's environment is the workers') and Liger covers the checkpoint's ``model_type``. A
   type the driver cannot read yet (a Hub id not downloaded) is left to the workers: on, and a type
   Liger does not cover then runs without.
+- ``model.compile_layers`` auto: off. Compiled decoder layers (rlhf.models.compiled) made the
+  update 1.12× faster than Liger's kernels at 0.5B (BENCHMARKS §12), under the 1.25× that would make
+  them the default before the loop itself is measured with them; ``true`` is the opt-in, and turns
+  ``model.liger_kernels`` auto off (dynamo cannot trace Liger's kernels in a compiled layer).
 - ``train.compile_logprobs`` auto: on for CUDA runs (inductor's fused kernels for the LM head's
   chunk passes; measured 1.43× on the actor's forward+backward at 0.5B, BENCHMARKS §6).
 - ``placement.sleep_rollout`` auto: the engines sleep while the models beside them train, unless
@@ -50,6 +60,9 @@ AUTO = "auto"
 # Decoding of models up to this size leaves the GPU waiting on the engine's host side (0.5B on an
 # H200: GPU busy 20 % of the kernel span, 2.3 ms of GPU in a 12.3 ms model step; BENCHMARKS §10).
 SHARED_ENGINES_MAX_PARAMS = 3e9
+# The largest token budget the GPU auto picks: at 0.5B on an H200 the update's speed rises from 16k to
+# 32k tokens per micro-batch (1.30×) and not beyond (64k: 1.00×, twice the activations; BENCHMARKS §12).
+MAX_AUTO_TOKENS = 32_768
 
 
 def _what(name: str) -> str:
@@ -76,6 +89,10 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         spec.rollout.seeded = engines.kind(spec).seeded
         out.append(Decision("rollout.seeded", None, spec.rollout.seeded,
                             "" if spec.rollout.seeded else f"{spec.rollout_engine} samples unseeded requests in one batch"))
+    if spec.model.compile_layers == AUTO:  # before Liger: compiled layers turn Liger's auto off
+        spec.model.compile_layers = False
+        out.append(Decision("model.compile_layers", AUTO, False, COMPILE_LAYERS_OFF if spec.hardware.accelerator == "cuda"
+                            else ""))
     if spec.model.liger_kernels == AUTO:
         spec.model.liger_kernels, why = _liger(spec)
         out.append(Decision("model.liger_kernels", AUTO, spec.model.liger_kernels, why))
@@ -84,26 +101,69 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
         out.append(Decision("train.compile_logprobs", AUTO, spec.train.compile_logprobs,
                             "" if spec.train.compile_logprobs else "CPU run"))
     out.extend(_sleep_rollout(spec))  # first: the training figures count what the engine keeps
+    placed = _states(spec)
+    if out and out[0].key == "train.max_tokens_per_micro_batch" and spec.algo.kind == "rl" \
+            and spec.hardware.accelerator == "cuda":
+        base, out[0] = out[0], _token_budget(spec, out[0])
+        if out[0].value != base.value and placed:
+            # decided again at the chosen budget: the same values (a larger budget only adds memory,
+            # and the values decided at the smaller one fit at it), the reasons' figures as planned
+            for d in placed:
+                section, key = d.key.split(".")
+                setattr(getattr(spec, section), key, d.given)
+            placed = _states(spec)
+    return tuple(out + placed + _engines_per_device(spec))  # last: taken only where it fits beside the rest
+
+
+def _states(spec: RunSpec) -> list[Decision]:
+    """Where the training states live: the ZeRO stage, optimizer offload, hybrid's offload while vLLM generates."""
     # DeepSpeed makes the synchronous run's choices: it does not offload to make room for an engine
     # that async keeps awake (the plan's fit check says whether both fit, and what to lower), so its
     # figures are read with the engine asleep for that one decision
-    awake = overlaps_update(spec)  # sleep_rollout resolved to false above
+    awake = overlaps_update(spec)  # sleep_rollout resolved to false before
     if awake:
         spec.placement.sleep_rollout = True
     try:
-        out.extend(_zero_and_offload(spec))
+        out = _zero_and_offload(spec)
     finally:
         if awake:
             spec.placement.sleep_rollout = False
-    out.extend(_train_state(spec))
-    out.extend(_engines_per_device(spec))  # last: taken only where it fits beside the decisions above
-    return tuple(out)
+    return out + _train_state(spec)
+
+
+def _token_budget(spec: RunSpec, base: Decision) -> Decision:
+    """RL on GPUs, ``train.max_tokens_per_micro_batch`` null: from today's budget t₀ (micro-batch samples
+    × the longest sequence, ``base``), the largest power of two t with t₀ < t ≤ MAX_AUTO_TOKENS at which
+    no GPU figure is over the limit, the ZeRO stage, offloads and Liger as decided; else t₀. Larger
+    packed passes keep the GPU's matmuls busy (fewer, bigger kernels); the plan's fit rule bounds them."""
+    train = spec.train
+    t0 = base.value
+    if over_limit(spec, estimate(spec)).keys() - {HOST}:
+        return base  # already over at t₀: the plan says what does not fit and what would
+    tried = [1 << k for k in range(MAX_AUTO_TOKENS.bit_length() - 1, -1, -1) if t0 < 1 << k <= MAX_AUTO_TOKENS]
+    why = base.why
+    for t in tried:
+        train.max_tokens_per_micro_batch = t
+        est = estimate(spec)
+        over = {k: v for k, v in over_limit(spec, est).items() if k != HOST}
+        if not over:
+            name, gb = worst_training_figure(est)
+            why = (f"the largest power of two ≤ {MAX_AUTO_TOKENS} with {_what(name)} fitting ({gb:.0f} of "
+                   f"{capacity(spec, name):.0f} GB usable); not below {base.why} = {t0}")
+            return Decision(base.key, base.given, t, why)
+        name, gb = max(over.items(), key=lambda kv: kv[1])
+        why = f"{base.why}; {t} would make {_what(name)} {gb:.0f} GB of {capacity(spec, name):.0f} usable"
+    train.max_tokens_per_micro_batch = t0
+    return Decision(base.key, base.given, t0, why)
 
 
 def _liger(spec: RunSpec) -> tuple[bool, str]:
     """``model.liger_kernels`` auto: (on, why)."""
     if spec.hardware.accelerator != "cuda":
         return False, ""  # Triton kernels: nothing to decide, nothing for the plan to say
+    if spec.model.compile_layers is True:
+        return False, ("model.compile_layers=true: inductor fuses the norms and MLP in the compiled layers, and "
+                       "dynamo cannot trace Liger's kernels there")
     if importlib.util.find_spec("liger_kernel") is None:
         return False, LIGER_NOT_INSTALLED
     kind = model_type(spec.model.path, spec.model.revision)
@@ -114,6 +174,8 @@ def _liger(spec: RunSpec) -> tuple[bool, str]:
 
 
 LIGER_NOT_INSTALLED = "the liger-kernel package is not installed"
+COMPILE_LAYERS_OFF = ("an opt-in until measured in the loop: 1.12× the update at 0.5B against Liger's kernels, "
+                      "BENCHMARKS §12; model.compile_layers=true")
 
 
 def liger_coverage(kind: Optional[str]) -> tuple[bool, str]:
@@ -137,6 +199,13 @@ def chosen(spec: RunSpec, key: str) -> bool:
     return any(d.key == key for d in spec.auto)
 
 
+def dp_ranks(spec: RunSpec) -> int:
+    """The most data-parallel ranks of a trained role (the actor; the critic may have its own count
+    in disaggregated placement): one ``train.zero_stage`` serves them all."""
+    return max((spec.layout.world_size(r) for r in ("actor", "critic") if r in spec.roles),
+               default=spec.batch.train_world_size)
+
+
 def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     train = spec.train
     z_auto, off_auto = train.zero_stage == AUTO, train.offload_optimizer == AUTO
@@ -144,16 +213,19 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
         return []
     cuda = spec.hardware.accelerator == "cuda"
     ranks = spec.batch.train_world_size
+    one_rank = dp_ranks(spec) == 1
     if not z_auto:
         stages = [train.zero_stage]
     elif not cuda:
         stages = [2] if train.offload_optimizer is True else [0]
     else:
-        stages = [2] if ranks == 1 else [2, 3]
+        stages = [1, 2] if one_rank else [2, 3]
     offloads = [train.offload_optimizer] if not off_auto else [False, True] if cuda else [False]
     # Preference: the first that fits. A sharded model over several ranks is faster than Adam on the
-    # host, so every stage is tried without offload first. Nothing fits: the most saving one.
-    candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)]
+    # host, so every stage is tried without offload first. Nothing fits: the most saving one. At one
+    # rank ZeRO-1 and ZeRO-2 hold the same memory: ZeRO-1 without offload, ZeRO-2 with it.
+    candidates = [(z, off) for off in offloads for z in stages if not (off and z == 0)
+                  and not (z_auto and cuda and one_rank and (z == 1) == off)]
     cap = capacity(spec, "training phase")  # every GPU figure's
     need: dict[tuple[int, bool], tuple[str, float, Estimate]] = {}
 
@@ -178,8 +250,11 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
     if z_auto:
         if not cuda:
             why = "optimizer offload needs ZeRO" if off else "CPU run"
-        elif ranks == 1:
-            why = "1 rank; ZeRO-3 only shards over several ranks"
+        elif one_rank and z == 1:
+            why = ("1 rank: ZeRO-2's gradient hooks would partition nothing (its update 1.12× slower at 0.5B, "
+                   "BENCHMARKS §12); ZeRO-3 only shards over several ranks")
+        elif one_rank:
+            why = "1 rank, the optimizer in host memory (DeepSpeed's CPU Adam, as at ZeRO-2 from two ranks)"
         elif z == 2 and fits:
             why = f"{_what(name)} fits at ZeRO-2 ({gb:.0f} of {cap:.0f} GB usable); ZeRO-3 would gather weights every pass"
         elif z == 3:
@@ -191,13 +266,18 @@ def _zero_and_offload(spec: RunSpec) -> list[Decision]:
         out.append(Decision("train.zero_stage", AUTO, z, why))
     if off_auto:
         why = ""
-        if off and (z, False) in need:
-            wname, wgb, west = need[(z, False)]
+
+        def tried(offloaded: bool):  # the same stage the other way; at one rank ZeRO-1 / ZeRO-2 (the same memory)
+            return need.get((z, offloaded)) or next((v for (_, o), v in need.items() if o == offloaded), None)
+
+        on_gpu, on_host = tried(False), tried(True)
+        if off and on_gpu:
+            wname, wgb, west = on_gpu
             opt = sum(v for k, v in west.figures[wname].items() if k.endswith("optimizer"))
             why = (f"Adam's state ({opt:.0f} GB per GPU) in host memory: on the GPU {_what(wname)} would need "
                    f"{wgb:.0f} GB of {cap:.0f} usable")
-        elif not off and (z, True) in need and not host_fits(need[(z, True)][2]):
-            hest = need[(z, True)][2]
+        elif not off and on_host and not host_fits(on_host[2]):
+            hest = on_host[2]
             why = (f"offloaded, Adam's state would make the host memory {hest.total(HOST):.0f} GB per node of "
                    f"{capacity(spec, HOST):.0f} usable")
         out.append(Decision("train.offload_optimizer", AUTO, off, why))

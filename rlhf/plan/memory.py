@@ -281,6 +281,25 @@ def capacity(spec: RunSpec, name: str) -> float:
     return spec.hardware.device_memory_gb * FIT_MARGIN
 
 
+# The start-up check of hardware.device_memory_gb against the device (``device_memory_mismatch``):
+# vLLM reserves gpu_memory_utilization of the device's true total, so a file that states GiB
+# (141 for an H200, whose CUDA total is 150.7 GB) under-plans vLLM's share by u · 9.7 GB.
+DEVICE_MEMORY_TOLERANCE = 0.03
+
+
+def device_memory_mismatch(spec: RunSpec, total_bytes: int) -> str | None:
+    """One warning line when ``total_bytes``, a GPU's total as CUDA reports it, differs from
+    ``hardware.device_memory_gb`` by more than DEVICE_MEMORY_TOLERANCE of it; None when it agrees.
+    The fix it names rounds down to 0.1 GB, as the shipped hardware files do."""
+    stated, measured = spec.hardware.device_memory_gb, total_bytes / GB
+    if abs(measured - stated) <= DEVICE_MEMORY_TOLERANCE * stated:
+        return None
+    fix = math.floor(measured * 10) / 10
+    return (f"hardware.device_memory_gb={stated:g} but this GPU's total is {measured:.2f} GB "
+            f"({total_bytes / 2**30:.1f} GiB, as CUDA reports it): the plan's figures and vLLM's share "
+            f"(rollout.gpu_memory_utilization of the true total) disagree; set hardware.device_memory_gb={fix:g}.")
+
+
 def over_limit(spec: RunSpec, est: Estimate) -> dict[str, float]:
     """The figures that do not fit, ``{name: GB}`` (GPU figures, then "host memory"); none on CPU."""
     if spec.hardware.accelerator != "cuda":

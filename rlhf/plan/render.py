@@ -99,7 +99,7 @@ def warnings(spec: RunSpec, est: Estimate) -> list[str]:
                 )
     if hw.accelerator == "cuda" and spec.train.zero_stage == 3 and spec.batch.train_world_size == 1:
         out.append("! train.zero_stage=3 with 1 rank shards nothing and gathers the weights in every pass "
-                   "(slower than ZeRO-2). Leave train.zero_stage at auto, or set 2.")
+                   "(slower than ZeRO-1). Leave train.zero_stage at auto, or set 1.")
     used: set[int] = set()
     for devs in lay.roles.values():
         used.update(devs)
@@ -231,6 +231,7 @@ def _decisions(spec: RunSpec) -> list[str]:
         "rollout.seeded": lambda v: "a seed per prompt" if v else "rollout requests unseeded",
         "model.liger_kernels": lambda v: f"Liger kernels {'on' if v else 'off'}",
         "placement.rollout.engines_per_device": lambda v: f"{v} rollout engine{'s' if v > 1 else ''} per GPU",
+        "model.compile_layers": lambda v: f"decoder layers {'compiled' if v else 'eager'}",
     }
     return [f"  {shown[d.key](d.value)} (auto: {d.why})" for d in getattr(spec, "auto", ()) if d.why and d.key in shown]
 
@@ -277,9 +278,11 @@ def render_plan(spec: RunSpec) -> str:
                      f"{tt.coef:g} · {where}")
     t = spec.train.max_tokens_per_micro_batch
     # sft/rm/dpo: what their micro-batch holds (rlhf.spec.tokens), as the build decided it
-    knob = "train.max_tokens_per_micro_batch" if a.kind == "rl" else next(
-        (d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch"),
-        "train.micro_batch_size × data.max_length")
+    decided = next((d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch"), None)
+    if a.kind == "rl":  # null: how the build chose it (rlhf.plan.auto._token_budget on GPUs)
+        knob = f"train.max_tokens_per_micro_batch null: {decided}" if decided else "train.max_tokens_per_micro_batch"
+    else:
+        knob = decided or "train.micro_batch_size × data.max_length"
     tokens = f" · ≤ {t} tokens per micro-batch ({knob})"
     lines.extend(_hub_lines(spec))
     if a.kind == "rl":

@@ -41,8 +41,10 @@ class VLLMKind(EngineKind):
     starts_alone_on_device = True
     # at 0.5B on an H200 one engine keeps the GPU busy 20 % of its kernel span (the Python scheduler
     # and output handling between steps); two engines generated 1.48x the tokens/s of one, four
-    # no more than two (BENCHMARKS §10)
-    auto_engines_per_device = 2
+    # no more than two (BENCHMARKS §10). Measured in that bench only, not yet in the RL loop (sleep,
+    # wake and the weight sync of two engines beside the trainer): auto keeps one until then, and
+    # placement.rollout.engines_per_device=2 asks for two
+    auto_engines_per_device = 1
 
     def death(self, error: str) -> str:
         return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"

@@ -314,7 +314,16 @@ class ModelSpec(Frozen):
     liger_kernels: Any = doc("auto", "GPU: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE in the "
                              "training-side models (fewer elementwise passes, less activation memory). "
                              "auto: on for CUDA runs when the liger-kernel package is installed and "
-                             "covers the model's model_type.")
+                             "covers the model's model_type, and the layers are not compiled "
+                             "(model.compile_layers).")
+    compile_layers: Any = doc("auto", "torch.compile each decoder layer of the training-side models (regional "
+                              "compilation, dynamic shapes: one graph serves every layer; inductor fuses the norms, "
+                              "SwiGLU, RoPE and residual adds): auto | true | false. auto: off for now (1.12× the "
+                              "update at 0.5B on an H200, BENCHMARKS §12; an opt-in until measured in the loop). "
+                              "true: the first passes pay the compilation (~14 s at 0.5B), Liger's kernels go off "
+                              "(model.liger_kernels auto; true with both is refused), a compile failure warns once "
+                              "and runs the layers eagerly; on CPU the layers are traced only (aot_eager backend: "
+                              "no speed-up, for tests).")
     lora: LoraSpec = docf(LoraSpec, "LoRA adapters: rank > 0 trains adapters, not the policy's weights.")
 
 
@@ -329,7 +338,9 @@ class HardwareSpec(Frozen):
     accelerator: str = doc("cuda", "cuda | cpu (cpu: DeepSpeed's CPU accelerator with gloo, HF generate).")
     nodes: int = doc(1, "Machines in the Ray cluster.")
     devices_per_node: int = doc(1, "GPUs per node, or CPU worker slots when accelerator=cpu.")
-    device_memory_gb: float = doc(0.0, "Memory of one GPU (GB), which the plan checks each role against.")
+    device_memory_gb: float = doc(0.0, "Memory of one GPU: the device's total as CUDA reports it, in GB (1e9 "
+                                  "bytes; an H200's 143,771 MiB is 150.7), which the plan checks each role "
+                                  "against; vLLM's share is rollout.gpu_memory_utilization of it.")
     peak_bf16_tflops: float = doc(0.0, "Peak dense bf16 TFLOP/s of one device; compared when the plan "
                                   "suggests other hardware of the same kind.")
     host_memory_gb: float = doc(0.0, "Host memory of one node (GB): the plan checks what the run keeps there "
@@ -548,6 +559,9 @@ class TrackingSpec(Frozen):
                        "Ray, NCCL, torch warnings) | none. Except with verbose, each worker's output goes to "
                        "<run dir>/logs/<role>_<rank>.log instead.")
     log_every: int = doc(1, "Steps between metric logs.")
+    report: bool = doc(True, "At the end of the run, draw <run dir>/report/report.png and report.html (the "
+                       "curves; also MLflow artifacts under report/). false skips them (matplotlib's import and "
+                       "drawing, ~1.5 s of CPU); rlhf-report <run dir> draws them later from metrics.jsonl.")
     objective: str = doc("reward/mean", "What a sweep (-m) returns to Hydra's sweeper (e.g. Optuna's "
                          "objective): this metric's mean over the last fifth of the steps that logged it.")
 

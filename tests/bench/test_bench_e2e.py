@@ -50,6 +50,11 @@ def test_metrics_copy_name_follows_the_settings():
     others = {ours_metrics_name(parse_args(base + extra)) for extra in (
         ["--kl", "0.001"], ["--liger", "true"], ["--ours-tokens", "16384"], ["--ours-extra", "algo.tis_cap=2"])}
     assert name not in others and len(others) == 4
+    # --ours-tokens 0: the budget left null, for the plan to choose
+    from bench.e2e_trl import ours_overrides
+
+    assert "train.max_tokens_per_micro_batch=null" in ours_overrides(parse_args(base + ["--ours-tokens", "0"]), "m", "p", "r")
+    assert "train.max_tokens_per_micro_batch=32768" in ours_overrides(parse_args(base), "m", "p", "r")
 
 
 def test_paired_passes_count_steps_where_the_reference_was_not_slower():

@@ -18,7 +18,7 @@ QWEN15 = {"num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 896
 
 
 @pytest.mark.parametrize("cell,config,zero,offload", [
-    ("05b-grpo", QWEN05, "2", "false"),
+    ("05b-grpo", QWEN05, "1", "false"),  # one rank: ZeRO-1 (BENCHMARKS §12)
     ("15b-ppo", QWEN15, "2", None),  # offload as the plan decides: parsed, whichever it is
 ])
 def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, offload):
@@ -31,7 +31,7 @@ def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, of
     text = capsys.readouterr().out
     figures = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(text)}
     assert set(figures) >= {"training phase", "generation phase"}, text
-    assert all(0 < v < 141 for v in figures.values()), figures
+    assert all(0 < v < 150.7 for v in figures.values()), figures  # under the H200's total
     steps = [ln for ln in text.splitlines() if ln.startswith("steps:")]
     pinned = plan_choices(steps)
     assert pinned[0] == f"train.zero_stage={zero}"
@@ -238,7 +238,7 @@ def test_a_fitting_run_is_planned_again_at_its_packed_tokens(tmp_path, monkeypat
 
     def fake_plan(a):
         planned.append(a)
-        return 0, "  training phase:   actor weights 3.1 + activations 8.0 = 40.0 of 141\n✓ fits\n"
+        return 0, "  training phase:   actor weights 3.1 + activations 8.0 = 40.0 of 150.7\n✓ fits\n"
 
     monkeypatch.setattr(matrix, "run_cli", fake_cli)
     monkeypatch.setattr(matrix, "plan_cli", fake_plan)

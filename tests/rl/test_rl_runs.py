@@ -266,3 +266,5 @@ def test_mlflow_run_read_back(grpo_hybrid):
         assert len(hist) == len(grpo_hybrid["rows"]), key
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"spec.yaml", "config.yaml"} <= arts
+    # tests.helpers.make_spec turns the end-of-run report off (tracking.report=false): none drawn or logged
+    assert "report" not in arts and not (out / "report").exists()

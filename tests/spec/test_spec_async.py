@@ -22,7 +22,6 @@ from tests.helpers import assert_clear, planned_spec
 H200 = ["hardware=1xh200", "model=qwen2.5-0.5b"]
 ASYNC = ["algo.async_steps=1", "algo.tis_cap=2.0"]
 VLLM_ASLEEP_GB = 1.0  # docs/memory.md: a sleeping vLLM keeps its CUDA context and graph pool
-VLLM_ENGINE_CONTEXT_GB = 1.0  # docs/memory.md: a further engine's process on a GPU, outside the share
 
 
 def _sections(*overrides: str) -> dict:
@@ -39,8 +38,26 @@ def _with(s: dict, section: str, **values) -> dict:
 
 @pytest.fixture(scope="module")
 def both():
-    """The 0.5B run on one H200, synchronous and async."""
-    return planned_spec([*H200, "algo.tis_cap=2.0"]), planned_spec([*H200, *ASYNC])
+    """The 0.5B run on one H200, synchronous and async, at the same token budget (the null one of
+    8 samples × 2,048 tokens: the GPU's auto budget differs between them, below)."""
+    return (planned_spec([*H200, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384"]),
+            planned_spec([*H200, *ASYNC, "train.max_tokens_per_micro_batch=16384"]))
+
+
+def test_the_awake_engine_leaves_a_smaller_auto_token_budget():
+    """train.max_tokens_per_micro_batch null on a GPU: the largest power of two ≤ 32,768 that fits. The
+    synchronous run's training phase has vLLM asleep and takes 32,768; beside the awake engine (u·M
+    of the GPU) 32,768 does not fit and the budget stays at 16,384."""
+    sync, spec = planned_spec([*H200, "algo.tis_cap=2.0"]), planned_spec([*H200, *ASYNC])
+    assert sync.train.max_tokens_per_micro_batch == 32768
+    assert spec.train.max_tokens_per_micro_batch == 16384
+    why = next(d.why for d in spec.auto if d.key == "train.max_tokens_per_micro_batch")
+    assert why.startswith("8 samples × 2048 tokens; 32768 would make the training phase ")
+    # the advice weighs a smaller vLLM share at that budget (the memory it frees is not re-spent on a
+    # larger auto budget, which would leave the figure no smaller)
+    from rlhf.plan.oom import oom_message
+
+    assert "rollout.gpu_memory_utilization=" in oom_message(spec, "update")
 
 
 def test_hybrid_gpu_async_is_valid_and_keeps_the_engine_awake(both):
@@ -61,14 +78,10 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     est_sync, est = memory.estimate(sync), memory.estimate(spec)
     share = spec.rollout.gpu_memory_utilization * spec.hardware.device_memory_gb  # vLLM's whole share, u·M
     assert est.figures["training phase"]["vLLM (awake)"] == pytest.approx(share)
-    # two engines per GPU at 0.5B (placement.rollout.engines_per_device auto): each sleeps to its
-    # context, awake the second one's process is beside the share (docs/memory.md)
-    assert spec.layout.engines_per_device == sync.layout.engines_per_device == 2
-    assert est_sync.figures["training phase"]["vLLM asleep"] == pytest.approx(2 * VLLM_ASLEEP_GB)
+    assert est_sync.figures["training phase"]["vLLM asleep"] == pytest.approx(VLLM_ASLEEP_GB)
     # the same ZeRO and offload choices at this size: the difference is the engine's alone
     assert (sync.train.zero_stage, sync.train.offload_optimizer) == (spec.train.zero_stage, spec.train.offload_optimizer)
-    assert est.total("training phase") == pytest.approx(est_sync.total("training phase") - 2 * VLLM_ASLEEP_GB + share
-                                                        + VLLM_ENGINE_CONTEXT_GB)
+    assert est.total("training phase") == pytest.approx(est_sync.total("training phase") - VLLM_ASLEEP_GB + share)
     # generation alone (the first step's, an evaluation's) holds a part of that: no figure of its own
     assert set(est.figures) == {"training phase"} and set(est_sync.figures) == {"training phase", "generation phase"}
     assert memory.fits(spec, est)
@@ -76,7 +89,7 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     text = render_plan(spec)
     line = next(l for l in text.splitlines() if l.startswith("async:"))
     assert_clear(line, "≤ 1 update stale", "algo.tis_cap=2", "vllm stays awake beside the update",
-                 f"its {share + VLLM_ENGINE_CONTEXT_GB:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
+                 f"its {share:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
                  "the training states stay on the GPU between updates")
     assert "vLLM stays awake during training (auto: algo.async_steps=1" in text
 

@@ -19,6 +19,25 @@ CONTEXT_GB = 1.0  # docs/memory.md: a further vLLM engine's process outside its 
 ASLEEP_GB = 1.0  # docs/memory.md: a sleeping vLLM engine
 
 
+@pytest.fixture(autouse=True)
+def vllm_asks_for_two(monkeypatch):
+    """The auto rule for a kind that asks for two engines per device: vLLM's own choice is one until two
+    are measured in the RL loop (``test_vllm_keeps_one_engine_until_measured``)."""
+    from rlhf.rollout.vllm_kind import VLLMKind
+
+    monkeypatch.setattr(VLLMKind, "auto_engines_per_device", 2)
+
+
+def test_vllm_keeps_one_engine_until_measured(monkeypatch):
+    from rlhf.rollout.vllm_kind import VLLMKind
+
+    monkeypatch.undo()
+    assert VLLMKind.auto_engines_per_device == 1
+    spec = planned_spec(H200)
+    assert spec.layout.engines_per_device == 1 and _decision(spec).value == 1
+    assert planned_spec([*H200, f"{KEY}=2"]).layout.engines_per_device == 2  # the opt-in
+
+
 def _decision(spec):
     return next(d for d in spec.auto if d.key == KEY)
 

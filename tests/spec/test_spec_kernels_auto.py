@@ -174,3 +174,31 @@ def test_liger_coverage_is_one_answer_for_the_driver_and_the_workers(monkeypatch
     assert liger_coverage("qwen2") == (True, "Liger has kernels for model_type='qwen2'")
     assert liger_coverage("gpt_neox") == (False, "Liger has no kernels for model_type='gpt_neox'")
     assert liger_coverage(None) == (False, "Liger has no kernels for model_type=None")
+
+
+def test_compile_layers_auto_is_off_and_true_turns_liger_auto_off(monkeypatch, tmp_path, capsys):
+    """model.compile_layers: auto resolves off (an opt-in until measured in the loop); true keeps Liger's
+    auto off (dynamo cannot trace its kernels in a compiled layer), true beside an explicit
+    liger_kernels=true is one line naming both fixes, and a value outside auto/true/false is refused."""
+    from rlhf.cli import main
+
+    _fake_liger(monkeypatch, ["qwen2"])
+    gpu = ["model=qwen2.5-0.5b", "hardware=1xh200", f"model.path={_checkpoint(tmp_path, 'qwen2')}"]
+    spec = _spec(gpu)
+    assert spec.model.compile_layers is False and spec.model.liger_kernels is True
+    assert "an opt-in until measured in the loop" in next(d.why for d in spec.auto if d.key == "model.compile_layers")
+    spec = _spec([*gpu, "model.compile_layers=true"])
+    assert spec.model.compile_layers is True and spec.model.liger_kernels is False
+    assert _decision(spec).why.startswith("model.compile_layers=true: inductor fuses")
+    assert main([*gpu, "model.compile_layers=true", "--plan"]) == 0
+    assert "  Liger kernels off (auto: model.compile_layers=true" in capsys.readouterr().out
+    assert _spec([]).model.compile_layers is False  # CPU: off, nothing printed
+    assert next(d.why for d in _spec([]).auto if d.key == "model.compile_layers") == ""
+    with pytest.raises(SpecError) as info:
+        _spec([*gpu, "model.compile_layers=true", "model.liger_kernels=true"])
+    msg = str(info.value)
+    assert "model.compile_layers=true with model.liger_kernels=true" in msg
+    assert "model.liger_kernels=auto" in msg and "model.compile_layers=false" in msg
+    with pytest.raises(SpecError) as info:
+        _spec(["model.compile_layers=always"])
+    assert "model.compile_layers='always' is not valid. Use auto" in str(info.value)

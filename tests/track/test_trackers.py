@@ -19,7 +19,7 @@ from tests.track import tb_events, wandb_log
 
 TRACKED = ["algo=grpo", "train.steps=3", "train.prompts_per_step=16", "rollout.max_response_tokens=4",
            "train.seed=1", "eval.every=2", "tracking.backend=[mlflow,tensorboard,wandb]",
-           "checkpoint.push_to_hub=org/tracked"]
+           "checkpoint.push_to_hub=org/tracked", "tracking.report=true"]
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def spec_dir(tmp_path):
 
     def make(backends: str, *more: str):
         out = tmp_path / "outputs" / "run"
-        spec = make_spec(["train.steps=2", f"tracking.backend={backends}", *more], out)
+        spec = make_spec(["train.steps=2", f"tracking.backend={backends}", "tracking.report=true", *more], out)
         write_run_dir(spec)
         return spec, out
 

@@ -1,4 +1,4 @@
-"""The model and hardware sections: the dtype on this accelerator, LoRA adapters, Liger kernels."""
+"""The model and hardware sections: the dtype on this accelerator, LoRA adapters, Liger kernels, compiled layers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ LORA_KINDS = ("rl", "sft", "dpo")  # algo kinds whose trained model may carry Lo
 
 
 def problems(s: Sections) -> list[str]:
-    """model.dtype, hardware.accelerator and what the model's settings need of it; model.lora."""
+    """model.dtype, hardware.accelerator and what the model's settings need of it; model.lora;
+    model.liger_kernels and model.compile_layers (not both)."""
     model, hw, p = s["model"], s["hardware"], []
     choice(p, "model.dtype", model.dtype, DTYPES)
     choice(p, "hardware.accelerator", hw.accelerator, ACCELERATORS)
@@ -20,6 +21,11 @@ def problems(s: Sections) -> list[str]:
             and model.liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")
+    if auto_bool(p, "model.compile_layers", model.compile_layers, "off for now; true compiles each decoder layer") \
+            and model.compile_layers is True and model.liger_kernels is True:
+        p.append("model.compile_layers=true with model.liger_kernels=true: dynamo cannot trace Liger's kernels inside "
+                 "a compiled layer (inductor fuses the norms and MLP itself). Use model.liger_kernels=auto (off with "
+                 "compiled layers) or false, or model.compile_layers=false.")
     if hw.accelerator == "cpu" and model.dtype == "float16":
         p.append("model.dtype=float16 is not supported on CPU. Use model.dtype=float32 or bfloat16.")
     return p

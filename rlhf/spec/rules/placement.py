@@ -22,7 +22,7 @@ def problems(s: Sections, roles: tuple[str, ...], shape_from: Optional[str] = No
     the model's architecture numbers came from when not from its model group."""
     hw, p = s["hardware"], []
     if hw.accelerator == "cuda" and hw.device_memory_gb <= 0:
-        p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (80 for an H100).")
+        p.append(f"hardware.device_memory_gb={hw.device_memory_gb} must be > 0 for GPUs (CUDA's total in GB: 84.9 for an H100).")
     if hw.host_memory_gb < 0:
         p.append(f"hardware.host_memory_gb={hw.host_memory_gb} must be >= 0 (GB of memory per node; 0 = not checked).")
     return p + layout_problems(s, roles, shape_from)

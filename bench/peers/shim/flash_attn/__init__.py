@@ -20,6 +20,19 @@ import torch.nn.functional as F
 
 __version__ = "2.8.3"
 
+# Which path each call took (the bench's question: did a peer's trainer get the FA2 kernel or the
+# per-sample loop?): counted per process, one line on stderr at exit.
+_PATHS: dict[str, int] = {}
+
+
+def _count(path: str) -> None:
+    if not _PATHS:
+        import atexit
+        import sys
+
+        atexit.register(lambda: print(f"flash_attn stand-in calls: {_PATHS}", file=sys.stderr, flush=True))
+    _PATHS[path] = _PATHS.get(path, 0) + 1
+
 
 def _repeat_kv(x: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
@@ -85,7 +98,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             kw["window_size"] = (-1, right)
         cu_q = cu_seqlens_q.to(torch.int32)
         cu_k = cu_seqlens_k.to(torch.int32)
+        _count("varlen_kernel")
         return varlen_attn(q, k, v, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), **kw)
+    _count(f"varlen_loop[{q.device.type},{q.dtype},causal={causal},lq==lk={int(max_seqlen_q) == int(max_seqlen_k)}]")
     return _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, left, right)
 
 
@@ -100,10 +115,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         sk = k.shape[1]
         cu_q = torch.arange(0, (b + 1) * sq, sq, device=q.device, dtype=torch.int32)
         cu_k = torch.arange(0, (b + 1) * sk, sk, device=q.device, dtype=torch.int32)
+        _count("dense_loop")
         o = _varlen_reference(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
                               v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, softmax_scale, left, right)
         return o.view(b, sq, *q.shape[2:])
     groups = q.shape[2] // k.shape[2]
+    _count("dense_sdpa")
     o = F.scaled_dot_product_attention(q.transpose(1, 2), _repeat_kv(k, groups, 2).transpose(1, 2),
                                        _repeat_kv(v, groups, 2).transpose(1, 2), is_causal=right == 0,
                                        scale=softmax_scale)

@@ -1,0 +1,101 @@
+"""The start-up check of ``hardware.device_memory_gb`` against the GPU's total as CUDA reports it
+(rlhf.plan.memory.device_memory_mismatch, asked of one worker by rlhf.launch.cluster): one warning
+line per run when they differ by more than 3 %, naming both numbers and the fix. CUDA's total and
+the Ray actors are stood in for (CPU machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from rlhf.launch import cluster as launch_cluster
+from rlhf.launch import group as launch_group
+from rlhf.launch.group import ActorGroup
+from rlhf.plan.memory import device_memory_mismatch
+from rlhf.workers.policy import PolicyWorker
+
+from tests.helpers import planned_spec
+
+MIB, GIB = 2**20, 2**30
+H200_TOTAL = 143_771 * MIB  # torch.cuda.mem_get_info()[1] on an H200 (150,754,820,096 bytes)
+
+
+def test_the_shipped_files_agree_with_the_cuda_totals():
+    assert device_memory_mismatch(planned_spec(["hardware=1xh200"]), H200_TOTAL) is None
+    assert device_memory_mismatch(planned_spec(["hardware=2xh200"]), H200_TOTAL) is None
+    # H100 80GB HBM3 and A100 80GB: 79.1 and 79.35 GiB in torch, both within 3 % of 84.9 GB
+    for hw in ("8xh100", "8xa100-80g", "4x8xh100"):
+        for gib in (79.1, 79.35):
+            assert device_memory_mismatch(planned_spec([f"hardware={hw}"]), int(gib * GIB)) is None, (hw, gib)
+
+
+def test_a_file_in_gib_gets_one_line_with_both_numbers_and_the_fix():
+    spec = planned_spec(["hardware=1xh200", "hardware.device_memory_gb=141"])
+    line = device_memory_mismatch(spec, H200_TOTAL)
+    assert line is not None and "\n" not in line
+    assert line.startswith("hardware.device_memory_gb=141 but this GPU's total is 150.75 GB (140.4 GiB")
+    assert line.endswith("set hardware.device_memory_gb=150.7.")  # rounded down, as the shipped files are
+
+
+def test_the_tolerance_is_3_percent_either_way():
+    from rlhf.plan.memory import DEVICE_MEMORY_TOLERANCE
+
+    assert "| 0.03 | `DEVICE_MEMORY_TOLERANCE` |" in (Path(__file__).parents[2] / "docs" / "memory.md").read_text()
+    assert DEVICE_MEMORY_TOLERANCE == 0.03
+    spec = planned_spec(["hardware=1xh200", "hardware.device_memory_gb=100"])
+    for gb, warns in ((102.9, False), (97.1, False), (103.1, True), (96.9, True)):
+        assert (device_memory_mismatch(spec, int(gb * 1e9)) is not None) == warns, gb
+
+
+def test_the_worker_reads_cudas_total(monkeypatch):
+    monkeypatch.setattr(torch, "cuda", NS(mem_get_info=lambda: (100 * GIB, H200_TOTAL)))
+    w = object.__new__(PolicyWorker)  # no __init__: only the attribute the method reads
+    w.device = "cuda"
+    assert w.device_memory_total() == H200_TOTAL
+    w.device = "cpu"
+    assert w.device_memory_total() == 0
+
+
+class _Rank:
+    """A rank that answers ``h.method.remote()`` itself and counts the totals it was asked for."""
+
+    def __init__(self, asked: list, role: str, rank: int, total: int):
+        self.asked, self.role, self.rank, self.total = asked, role, rank, total
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        answers = {"address": ("10.0.0.1", 29500), "init_distributed": None, "device_memory_total": self.total}
+        return NS(remote=lambda *a, **kw: (name == "device_memory_total" and self.asked.append((self.role, self.rank)),
+                                           answers[name])[1])
+
+
+@pytest.mark.parametrize("stated, warns", [(141, True), (150.7, False)])
+def test_start_cluster_asks_one_worker_once(monkeypatch, stated, warns):
+    """Every rank of every role starts; the total is asked of the first model worker's rank 0 only
+    (not of a vLLM engine, whose process may hold no GPU), and at most one line comes back."""
+    spec = planned_spec(["hardware=2xh200", f"hardware.device_memory_gb={stated}"])
+    asked: list = []
+
+    def place(spec, cluster):
+        for role in ("rollout", "reference", "actor"):  # the actor is asked first whatever the order
+            cluster.groups[role] = ActorGroup(role, [_Rank(asked, role, r, H200_TOTAL) for r in range(2)])
+
+    monkeypatch.setattr(launch_cluster, "init_ray", lambda spec: False)
+    monkeypatch.setattr(launch_cluster, "_place", place)
+    for module in (launch_cluster, launch_group):
+        monkeypatch.setattr(module.ray, "get", lambda refs: refs)
+    cluster = launch_cluster.start_cluster(spec)
+    assert asked == [("actor", 0)]
+    assert len(cluster.warnings) == int(warns)
+    if warns:
+        assert f"hardware.device_memory_gb={stated:g} but this GPU's total is 150.75 GB" in cluster.warnings[0]
+
+
+def test_no_check_off_cuda():
+    spec = planned_spec([])
+    assert spec.device == "cpu"
+    assert launch_cluster.device_memory_warning(spec, launch_cluster.Cluster(spec=spec)) is None
