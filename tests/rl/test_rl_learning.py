@@ -21,9 +21,9 @@ from tests.rl.conftest import assert_learned
 # Each algorithm's overrides of the tiny model's batch (none: its 32 prompts a step). At 16 prompts a
 # step the algorithms whose advantages are not divided by their group's std (ppo, whitened over the
 # batch; dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline) end the 120 steps at 0.93-0.98 (seeds
-# 0-2 × default/avx2 kernels; 0.96-0.99 at 32). GSPO, CISPO and SAPO (GRPO's std-normalised group
-# advantages) learn more slowly from the smaller batch (0.68-0.95 at step 120; CISPO stalls at 0.68
-# at seed 2), so they keep the 32 (docs/learning-margins.md).
+# 0-2 × default/avx2 kernels; 0.97-0.99 at 32). GSPO, CISPO and SAPO (GRPO's std-normalised group
+# advantages) learn more slowly from the smaller batch (0.68-0.96 at step 120; CISPO stalls at 0.68
+# at seed 2 under avx2), so they keep the 32 (docs/learning-margins.md).
 HALF_BATCH = ["train.prompts_per_step=16"]
 RUNS = {"ppo": HALF_BATCH, "dr_grpo": HALF_BATCH, "rloo": HALF_BATCH, "reinforce_pp": HALF_BATCH,
         "reinforce_pp_baseline": HALF_BATCH, "gspo": [], "cispo": [], "sapo": []}
