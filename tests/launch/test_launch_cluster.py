@@ -211,11 +211,12 @@ def test_the_launcher_hands_each_tp_engine_its_bundles(spawned):
 
 
 def test_engines_that_share_a_device_take_a_share_each_and_start_in_waves(spawned):
-    """Two engines per GPU (the 0.5B default on H100s): each a process of its own on its device's
-    bundle, a quarter of it beside the actor's and the reference's; vLLM's start one after another
-    on a device (it sizes its KV cache from the free memory), every device's first engine at once."""
+    """Two engines per GPU (placement.rollout.engines_per_device=2, the opt-in): each a process of its
+    own on its device's bundle, a quarter of it beside the actor's and the reference's; vLLM's start
+    one after another on a device (it sizes its KV cache from the free memory), every device's first
+    engine at once."""
     out, _ = spawned
-    spec = _spec([*SMALL[:-1], "hardware.devices_per_node=4"])
+    spec = _spec([*SMALL[:-1], "hardware.devices_per_node=4", "placement.rollout.engines_per_device=2"])
     assert spec.layout.engines == ((0,), (0,), (1,), (1,), (2,), (2,), (3,), (3,))
     launch._place(spec, launch.Cluster(spec=spec))
     assert out["rollout"] == ("RolloutWorker", [0, 0, 1, 1, 2, 2, 3, 3], {"GPU": 1 / 4, "CPU": 1 / 4}, None)
