@@ -76,7 +76,7 @@ def runs(rl_env, tmp_path_factory):
     from rlhf.ckpt import find_latest
 
     tmp_path = tmp_path_factory.mktemp("resume")
-    cache = tmp_path / "cache"
+    cache = Path(rl_env)  # the session's: builtin:tiny built once
     full, killed = tmp_path / "full", tmp_path / "killed"
     arm = tmp_path / "arm"
     arm.write_text("1")
@@ -94,8 +94,7 @@ def runs(rl_env, tmp_path_factory):
     # step KILL_AFTER + 1 (0-based index KILL_AFTER) was logged past the checkpoint, and is lost
     assert [r["step"] for r in read_metrics(killed)] == list(range(1, KILL_AFTER + 2))
 
-    # the uninterrupted reference, then the resume, both in this process on the session's Ray (the
-    # built-in model comes from a fixed seed, so which cache dir holds it does not matter); the
+    # the uninterrupted reference, then the resume, both in this process on the session's Ray; the
     # resume is what ``rlhf-run resume=<dir>`` runs, its console captured as the log
     code, _ = run_rl([t for t in toy if not t.startswith("ray.")], full)
     assert code == 0

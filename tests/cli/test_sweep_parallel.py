@@ -16,8 +16,7 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["started"] < b["ended"] and b["started"] < a["ended"]
 
 
-@pytest.fixture(autouse=True)
-def no_ray_left_by_other_files():
+def _no_ray_left_by_other_files() -> None:
     """Another test file run earlier in this process (one xdist worker runs several) may have left
     its session's Ray cluster up; these tests need clusters of their own size, so it goes (later
     runs start a cluster of their own)."""
@@ -28,11 +27,20 @@ def no_ray_left_by_other_files():
 
 
 @pytest.fixture
+def no_ray():
+    _no_ray_left_by_other_files()
+
+
+@pytest.fixture(scope="module")
 def two_slot_ray():
-    """A Ray cluster of 2 worker slots (2 logical CPUs), as a fake 2-device cluster."""
+    """A Ray cluster of 2 worker slots (2 logical CPUs), as a fake 2-device cluster, shared by the
+    stand-in sweeps of this module (each sweep leaves a cluster it did not start up). No idle
+    workers started ahead (as rlhf.launch.cluster.init_ray): the stand-in jobs start no actors."""
     import ray
 
-    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    _no_ray_left_by_other_files()
+    ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
+             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
     yield
     ray.shutdown()
 
@@ -109,7 +117,7 @@ def test_jobs_that_would_overfill_the_disk_together_run_one_after_the_other(two_
     assert _overlap(side_by_side[0], side_by_side[1])
 
 
-def test_chdir_is_refused(tmp_path, monkeypatch, capsys):
+def test_chdir_is_refused(no_ray, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweep, "default_hooks", lambda: [])
     assert cli.main(["-m", "hydra/launcher=parallel", "hydra.job.chdir=true", "train.steps=1,2"]) == 2
@@ -117,7 +125,7 @@ def test_chdir_is_refused(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.timeout(900)
-def test_two_toy_jobs_run_side_by_side_on_a_2_slot_cluster(tmp_path, monkeypatch):
+def test_two_toy_jobs_run_side_by_side_on_a_2_slot_cluster(no_ray, rlhf_cache, tmp_path, monkeypatch):
     """The real thing: two GRPO toy runs, one slot each, on a sweep cluster of 2 slots; both run at
     once and finish, each is an MLflow child run of the sweep's parent."""
     import ray
@@ -131,7 +139,6 @@ def test_two_toy_jobs_run_side_by_side_on_a_2_slot_cluster(tmp_path, monkeypatch
         return real(spec)
 
     monkeypatch.setattr(sweep, "execute", execute)
-    monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = cli.main([

@@ -182,10 +182,13 @@ def start_cluster():
     """Node A (head; this driver's) and node B: (cluster, node B, A's id, B's id)."""
     from ray.cluster_utils import Cluster
 
+    # no idle workers started ahead (as rlhf.launch.cluster.init_ray): each run's actors start
+    # processes of their own, and each idle one costs ~1 CPU-s
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         NODE, include_dashboard=False,
         _system_config={"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                        "health_check_failure_threshold": 2}))
+                        "health_check_failure_threshold": 2,
+                        "prestart_worker_first_driver": False, "enable_worker_prestart": False}))
     node_b = cluster.add_node(**NODE)
     return cluster, node_b, cluster.head_node.node_id, node_b.node_id
 

@@ -32,10 +32,9 @@ KEYS = ["reward/mean", "reward/std", "response/length_mean", "actor/pg_loss", "a
         "actor/grad_norm", "actor/clip_frac", "advantages/abs_mean"]
 
 
-def _scenario(tmp_path_factory, part: str) -> dict:
+def _scenario(tmp_path_factory, cache: str, part: str) -> dict:
     work = tmp_path_factory.mktemp(f"multinode_{part}")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("RLHF_CACHE", str(tmp_path_factory.mktemp("rlhf_cache")))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RLHF_CACHE=cache)  # the session's: builtin:tiny built once
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, str(SCENARIO), str(work), part], env=env, capture_output=True, text=True,
                           timeout=500, cwd=str(SCENARIO.parents[2]))
@@ -44,8 +43,8 @@ def _scenario(tmp_path_factory, part: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
-    return _scenario(tmp_path_factory, "grpo")
+def scenario(rlhf_cache, tmp_path_factory):
+    return _scenario(tmp_path_factory, rlhf_cache, "grpo")
 
 
 def _spans(text: str) -> tuple[int, ...]:
@@ -170,8 +169,8 @@ def test_a_tp_group_across_nodes_is_refused():
 
 
 @pytest.fixture(scope="module")
-def more(tmp_path_factory):
-    return _scenario(tmp_path_factory, "more")
+def more(rlhf_cache, tmp_path_factory):
+    return _scenario(tmp_path_factory, rlhf_cache, "more")
 
 
 @pytest.mark.slow  # a second simulated cluster and three more runs: ~40 s on 2 cores

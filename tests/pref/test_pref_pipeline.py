@@ -10,7 +10,7 @@
 * the SFT stage (a checkpoint every 16 of its steps, both kept) writes no more checkpoints than the
   disk plan counts from its data (rlhf.plan.disk.supervised_steps).
 
-One Ray instance serves every run of this module.
+Every run is in this process, on the session's local Ray (tests/conftest.py ``rl_env``).
 """
 
 from __future__ import annotations
@@ -28,19 +28,7 @@ SFT_CHECKPOINTS = ["checkpoint.every=16"]
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def pipeline(ray_session, tmp_path_factory):
+def pipeline(rl_env, tmp_path_factory):
     """Runs the three recipes once, each stage reading the previous one's final/hf."""
     root = tmp_path_factory.mktemp("pipeline")
     mp = pytest.MonkeyPatch()
@@ -135,7 +123,7 @@ def test_sft_resumed_from_a_checkpoint_equals_the_uninterrupted_run(pipeline, tm
     # the reference in its own worker process, which the loop releases (drop_models, then killed)
     ["placement=disaggregated", "hardware.devices_per_node=2"],
 ], ids=["hybrid", "disaggregated"])
-def test_dpo_preference_accuracy(ray_session, tmp_path, placement):
+def test_dpo_preference_accuracy(rl_env, tmp_path, placement):
     _run("recipe=dpo_tiny", *placement, f"output_dir={tmp_path / 'dpo'}")
     dpo = _final(tmp_path / "dpo")
     print(f"DPO: held-out accuracy {dpo['eval/accuracy_before']:.3f} -> {dpo['eval/accuracy_after']:.3f}")
@@ -151,7 +139,7 @@ PREFERENCE_METHODS = {"kto": ["algo.epochs=3"], "orpo": [], "simpo": []}
 
 
 @pytest.mark.parametrize("algo", sorted(PREFERENCE_METHODS))
-def test_preference_method_accuracy(ray_session, tmp_path, algo):
+def test_preference_method_accuracy(rl_env, tmp_path, algo):
     _run("recipe=dpo_tiny", f"algo={algo}", *PREFERENCE_METHODS[algo], f"output_dir={tmp_path / algo}")
     out = _final(tmp_path / algo)
     print(f"{algo}: held-out accuracy {out['eval/accuracy_before']:.3f} -> {out['eval/accuracy_after']:.3f}")
@@ -163,7 +151,7 @@ def test_preference_method_accuracy(ray_session, tmp_path, algo):
         assert 0.4 < _mean(steps, "train/desirable_share") < 0.6 and all(r["train/kl_z0"] >= 0 for r in steps)
 
 
-def test_a_dpo_micro_batch_holds_what_the_plan_sizes_it_for(ray_session, tmp_path, capsys):
+def test_a_dpo_micro_batch_holds_what_the_plan_sizes_it_for(rl_env, tmp_path, capsys):
     """Pairs longer than data.max_length (bench.matrix.long_rows), a model whose tokenizer reads them
     (byte-level BPE): every micro-batch holds exactly the tokens the plan sizes the pass for, 8 pairs
     × 2 sequences × data.max_length (rlhf.spec.tokens), the memory plan's bound met, not exceeded."""

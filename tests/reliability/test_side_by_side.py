@@ -53,7 +53,9 @@ def _wait(cond, timeout: float, what: str, procs=()) -> None:
 
 
 @pytest.fixture(scope="module")
-def scene(rl_env, tmp_path_factory):
+def scene(rlhf_cache, tmp_path_factory):
+    # the session's cache but no Ray in this process: the runs start their own, and the two calls
+    # made here are refused (the busy lock) before any cluster starts
     from rlhf import cli
     from rlhf.run_lock import LOCK_NAME
 
@@ -61,7 +63,7 @@ def scene(rl_env, tmp_path_factory):
     shared = fresh / "outputs" / "shared"
     lock = shared / LOCK_NAME
     marker = f"{os.getpid()}_{time.time_ns()}"
-    env = dict(os.environ, RLHF_CACHE=str(rl_env), PYTHONUNBUFFERED="1", PYTHONPATH=REPO, RLHF_SIDE_MARK=marker)
+    env = dict(os.environ, RLHF_CACHE=rlhf_cache, PYTHONUNBUFFERED="1", PYTHONPATH=REPO, RLHF_SIDE_MARK=marker)
     env.pop("RAY_ADDRESS", None)
     env.pop("RLHF_TRACKING_DIR", None)  # the CLI's own default: outputs/ of the directory it starts in
     logs = fresh / "logs"

@@ -51,7 +51,7 @@ class LeakCheck(SweepHooks):
 
 
 @pytest.mark.timeout(1500)  # two toy jobs start workers; minutes on a loaded 2-core machine
-def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, capfd):
+def test_sweep_parent_children_failed_job_no_leftovers(rlhf_cache, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
     from rlhf.cli import parse_args
@@ -64,7 +64,6 @@ def test_sweep_parent_children_failed_job_no_leftovers(tmp_path, monkeypatch, ca
     # the sweep starts its own cluster (what the slot count below checks), not the 8-slot one that
     # tests/conftest.py's rl_env leaves up for later modules in this process (it starts again there)
     ray.shutdown()
-    monkeypatch.setenv("RLHF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
