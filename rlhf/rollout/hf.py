@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.data.batch import padded_rows
 from rlhf.rollout.engine import Sample, Sampling, one_request
 
 
@@ -20,6 +21,30 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits
+
+
+def draw_rows(probs: torch.Tensor, generators: list[torch.Generator], rows: list[int], fill: int) -> torch.Tensor:
+    """One token per row of ``probs`` ``[B, V]``, row ``b`` drawn with ``generators[b]``, for the
+    rows ``rows`` only (the others get ``fill`` and leave their generator untouched).
+
+    The same draw as ``torch.multinomial(probs[b], 1, generator=generators[b])`` row by row, the
+    exponential race its one-sample path runs (``argmax(p / q)``, ``q ~ Exp(1)`` from the row's
+    generator: the Gumbel-max trick with the exponential applied), but with one batched division
+    and argmax and one validity check for all the rows instead of a call, and its checks, per row
+    (a test compares it with ``torch.multinomial``)."""
+    out = torch.full((probs.shape[0],), fill, dtype=torch.long)
+    if not rows:
+        return out
+    p = probs[rows] if len(rows) < probs.shape[0] else probs
+    if not bool(((p >= 0) & (p < float("inf"))).all()):  # NaN fails both
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if bool((p.sum(-1) == 0).any()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    q = torch.empty_like(p)
+    for k, b in enumerate(rows):
+        q[k].exponential_(generator=generators[b])
+    out[rows] = (p / q).argmax(-1)
+    return out
 
 
 class HFEngine:
@@ -67,15 +92,11 @@ class HFEngine:
     def _generate_rows(self, prompts: list[list[int]], row_seeds: list[int], sp: Sampling) -> list[Sample]:
         B = len(prompts)
         P = max(len(p) for p in prompts)
-        ids = torch.full((B, P), self.pad, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding
-            ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[b, P - len(p):] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids, attn = padded_rows(prompts, P, self.pad, left=True)
+        ids, attn = ids.to(self.device), attn.long().to(self.device)
         gens = [torch.Generator().manual_seed(int(seed) % (2**63)) for seed in row_seeds]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        done = torch.zeros(B, dtype=torch.bool)
+        done = [False] * B
         stops = {self.eos, *sp.stop_token_ids}
         responses: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
@@ -88,17 +109,18 @@ class HFEngine:
             logits = o.logits[:, -1, :].float().cpu() / sp.temperature
             logp_all = torch.log_softmax(logits, dim=-1)
             probs = torch.softmax(_filter_logits(logits, sp.top_k, sp.top_p), dim=-1)
-            nxt = torch.empty(B, dtype=torch.long)
-            for b in range(B):
-                nxt[b] = self.pad if done[b] else torch.multinomial(probs[b], 1, generator=gens[b])[0]
-            for b in range(B):
-                if not done[b]:
-                    t = int(nxt[b])
-                    responses[b].append(t)
-                    logps[b].append(float(logp_all[b, t]))
-                    if t in stops:
-                        done[b] = True
-            if bool(done.all()):
+            live = [b for b in range(B) if not done[b]]
+            nxt = draw_rows(probs, gens, live, self.pad)
+            # read back once per token step, not an element (and a tensor index) per row
+            tokens = nxt.tolist()
+            token_logp = logp_all.gather(1, nxt.unsqueeze(1)).squeeze(1).tolist()
+            for b in live:
+                t = tokens[b]
+                responses[b].append(t)
+                logps[b].append(token_logp[b])
+                if t in stops:
+                    done[b] = True
+            if all(done):
                 break
             step_ids = nxt.unsqueeze(1).to(self.device)
             step_pos = step_pos[:, -1:] + 1
