@@ -4,6 +4,8 @@ cache, one token step at a time, every sample from its own seeded generator. It 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from rlhf.data.batch import padded_rows
@@ -47,6 +49,20 @@ def draw_rows(probs: torch.Tensor, generators: list[torch.Generator], rows: list
     return out
 
 
+def _first_of_each(keys: list[int]) -> tuple[list[int], list[int]]:
+    """(the first row of each distinct key, in order; for every row the position of its key's in
+    that list)."""
+    where: dict[int, int] = {}
+    firsts: list[int] = []
+    copies = []
+    for b, k in enumerate(keys):
+        if k not in where:
+            where[k] = len(firsts)
+            firsts.append(b)
+        copies.append(where[k])
+    return firsts, copies
+
+
 class HFEngine:
     """Sampling with a Hugging Face causal LM and its KV cache, one token step at a time."""
 
@@ -84,12 +100,16 @@ class HFEngine:
         for s in range(0, len(rows), self.max_batch):
             chunk = rows[s : s + self.max_batch]
             out.extend(self._generate_rows([prompt_token_ids[i] for i, _ in chunk],
-                                           [seeds[i] * 1_000_003 + j for i, j in chunk], sampling))
+                                           [seeds[i] * 1_000_003 + j for i, j in chunk], sampling,
+                                           [i for i, _ in chunk]))
             for k, (i, _) in enumerate(chunk):
                 out[s + k].prompt_index = i
         return out
 
-    def _generate_rows(self, prompts: list[list[int]], row_seeds: list[int], sp: Sampling) -> list[Sample]:
+    def _generate_rows(self, prompts: list[list[int]], row_seeds: list[int], sp: Sampling,
+                       prompt_keys: Optional[list[int]] = None) -> list[Sample]:
+        """``prompt_keys``: which rows hold the same prompt (the samples of one prompt share a key);
+        such rows share one prefill, whose KV cache and last logits are copied to each of them."""
         B = len(prompts)
         P = max(len(p) for p in prompts)
         ids, attn = padded_rows(prompts, P, self.pad, left=True)
@@ -102,11 +122,21 @@ class HFEngine:
         logps: list[list[float]] = [[] for _ in range(B)]
         past = None
         step_ids, step_pos = ids, pos
-        for _ in range(sp.max_new_tokens):
-            o = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                           past_key_values=past, use_cache=True)
-            past = o.past_key_values
-            logits = o.logits[:, -1, :].float().cpu() / sp.temperature
+        first = _first_of_each(prompt_keys) if prompt_keys is not None else None
+        for step in range(sp.max_new_tokens):
+            if step == 0 and first is not None and len(first[0]) < B:  # a group's prompt is prefilled once
+                uniq, copies = (torch.tensor(x, device=self.device) for x in first)
+                o = self.model(input_ids=ids[uniq], attention_mask=attn[uniq], position_ids=pos[uniq],
+                               use_cache=True)
+                past = o.past_key_values
+                past.reorder_cache(copies)
+                last = o.logits[copies, -1, :]
+            else:
+                o = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                               past_key_values=past, use_cache=True)
+                past = o.past_key_values
+                last = o.logits[:, -1, :]
+            logits = last.float().cpu() / sp.temperature
             logp_all = torch.log_softmax(logits, dim=-1)
             probs = torch.softmax(_filter_logits(logits, sp.top_k, sp.top_p), dim=-1)
             live = [b for b in range(B) if not done[b]]

@@ -145,15 +145,25 @@ def test_draw_rows_rejects_what_multinomial_rejects():
     assert draw_rows(torch.tensor([[0.0, 1.0], [float("nan"), 1.0]]), gens, [0], 5).tolist() == [1, 5]
 
 
-def test_generate_equals_a_row_by_row_sampler(engine):
+@pytest.mark.parametrize("max_batch", [256, 4])
+def test_generate_equals_a_row_by_row_sampler(engine, max_batch):
     """The engine's batched loop against the plain one: each row on its own generator through
-    ``torch.multinomial``, token by token, with the same model calls (KV cache, left padding)."""
+    ``torch.multinomial``, token by token, every row prefilled on its own (the engine prefills a
+    prompt once for its samples; ``max_batch=4`` cuts a prompt's samples over two calls)."""
     import torch
 
+    from rlhf.rollout.hf import HFEngine
+
     eng, tok = engine
+    model = eng.model
+    eng = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_batch=max_batch)
+    rows_per_call = []
+    eng.model = lambda **kw: rows_per_call.append(kw["input_ids"].shape) or model(**kw)
     prompts = [_ids(tok, text) for text in ("key k1", "key k2 k3 k4", "key")]
     sp = Sampling(n=3, max_new_tokens=6, temperature=0.8, top_k=6, seeds=(5, 6, 7), stop_token_ids=(4,))
     got = eng.generate(prompts, sp)
+    # the prefills: one row per prompt of the call (a call of 4 rows holds 2 prompts, then 2, then 1)
+    assert [n for n, width in rows_per_call if width > 1] == ([3] if max_batch == 256 else [2, 2, 1])
     rows = [(i, j) for i in range(len(prompts)) for j in range(sp.n)]
     P = max(len(p) for p in prompts)
     ids = torch.tensor([[tok.pad_token_id] * (P - len(prompts[i])) + prompts[i] for i, _ in rows])
@@ -165,7 +175,7 @@ def test_generate_equals_a_row_by_row_sampler(engine):
     past, step_ids, step_pos = None, ids, pos
     with torch.no_grad():
         for _ in range(sp.max_new_tokens):
-            out = eng.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past,
+            out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past,
                             use_cache=True)
             past = out.past_key_values
             logits = out.logits[:, -1, :].float() / sp.temperature
@@ -184,7 +194,9 @@ def test_generate_equals_a_row_by_row_sampler(engine):
                 break
             step_ids, step_pos = torch.tensor(nxt).unsqueeze(1), step_pos[:, -1:] + 1
             attn = torch.cat([attn, torch.ones(len(rows), 1, dtype=attn.dtype)], dim=1)
-    assert [(s.response_ids, s.logprobs) for s in got] == want
+    assert [s.response_ids for s in got] == [r for r, _ in want]
+    for s, (_, lp) in zip(got, want):  # a prefill of fewer rows may sum in another order
+        assert s.logprobs == pytest.approx(lp, abs=1e-5)
     assert [s.prompt_index for s in got] == [i for i, _ in rows]
     assert [s.finish_reason for s in got] == ["stop" if r and r[-1] in (tok.eos_token_id, 4) else "length"
                                              for r, _ in want]
