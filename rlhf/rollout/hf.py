@@ -25,27 +25,39 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
-def draw_rows(probs: torch.Tensor, generators: list[torch.Generator], rows: list[int], fill: int) -> torch.Tensor:
-    """One token per row of ``probs`` ``[B, V]``, row ``b`` drawn with ``generators[b]``, for the
-    rows ``rows`` only (the others get ``fill`` and leave their generator untouched).
+# the Exp(1) draws made ahead for the next tokens of a call, at most this many values at once
+NOISE_ELEMENTS = 1 << 22
 
-    The same draw as ``torch.multinomial(probs[b], 1, generator=generators[b])`` row by row, the
-    exponential race its one-sample path runs (``argmax(p / q)``, ``q ~ Exp(1)`` from the row's
-    generator: the Gumbel-max trick with the exponential applied), but with one batched division
-    and argmax and one validity check for all the rows instead of a call, and its checks, per row
-    (a test compares it with ``torch.multinomial``)."""
+
+def exponential_noise(generators: list[torch.Generator], rows: list[int], steps: int, vocab: int) -> torch.Tensor:
+    """``[len(generators), steps, vocab]``: for each row ``b`` of ``rows``, its next ``steps`` draws
+    of ``vocab`` Exp(1) values from ``generators[b]``, in one call per row (the same values in the
+    same order as ``steps`` calls of ``vocab`` each: a test checks); ones in the other rows."""
+    q = torch.ones(len(generators), steps, vocab)
+    for b in rows:
+        q[b].exponential_(generator=generators[b])
+    return q
+
+
+def draw_rows(probs: torch.Tensor, noise: torch.Tensor, rows: list[int], fill: int) -> torch.Tensor:
+    """One token per row of ``probs`` ``[B, V]`` for the rows ``rows`` (the others get ``fill``),
+    with ``noise`` ``[B, V]`` the rows' Exp(1) draws for this token (``exponential_noise``).
+
+    The draw ``torch.multinomial(probs[b], 1, generator=g_b)`` makes, an exponential race
+    (``argmax(p / q)``, ``q ~ Exp(1)``: the Gumbel-max trick with the exponential applied), whose
+    ``q`` it draws from ``g_b`` at the call: given the same draws, the same token. Here all the
+    rows race in one division and argmax, with one validity check, instead of a call (and its
+    checks, and reading the result back) per row; a test compares it with ``torch.multinomial``."""
     out = torch.full((probs.shape[0],), fill, dtype=torch.long)
     if not rows:
         return out
-    p = probs[rows] if len(rows) < probs.shape[0] else probs
+    every = len(rows) == probs.shape[0]
+    p = probs if every else probs[rows]
     if not bool(((p >= 0) & (p < float("inf"))).all()):  # NaN fails both
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     if bool((p.sum(-1) == 0).any()):
         raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-    q = torch.empty_like(p)
-    for k, b in enumerate(rows):
-        q[k].exponential_(generator=generators[b])
-    out[rows] = (p / q).argmax(-1)
+    out[rows] = (p / (noise if every else noise[rows])).argmax(-1)
     return out
 
 
@@ -123,6 +135,7 @@ class HFEngine:
         past = None
         step_ids, step_pos = ids, pos
         first = _first_of_each(prompt_keys) if prompt_keys is not None else None
+        noise, noise_from = None, 0
         for step in range(sp.max_new_tokens):
             if step == 0 and first is not None and len(first[0]) < B:  # a group's prompt is prefilled once
                 uniq, copies = (torch.tensor(x, device=self.device) for x in first)
@@ -140,7 +153,12 @@ class HFEngine:
             logp_all = torch.log_softmax(logits, dim=-1)
             probs = torch.softmax(_filter_logits(logits, sp.top_k, sp.top_p), dim=-1)
             live = [b for b in range(B) if not done[b]]
-            nxt = draw_rows(probs, gens, live, self.pad)
+            if noise is None or step - noise_from == noise.shape[1]:
+                # the live rows' draws for the next tokens at once; a row that stops before using
+                # them all leaves its generator, which nothing reads again, further on
+                ahead = max(1, min(sp.max_new_tokens - step, NOISE_ELEMENTS // (B * probs.shape[-1])))
+                noise, noise_from = exponential_noise(gens, live, ahead, probs.shape[-1]), step
+            nxt = draw_rows(probs, noise[:, step - noise_from], live, self.pad)
             # read back once per token step, not an element (and a tensor index) per row
             tokens = nxt.tolist()
             token_logp = logp_all.gather(1, nxt.unsqueeze(1)).squeeze(1).tolist()

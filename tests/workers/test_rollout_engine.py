@@ -107,29 +107,32 @@ def test_stop_token_ids_end_a_sample(engine):
 
 
 def test_draw_rows_is_torch_multinomial_row_by_row():
-    """The batched draw takes the very tokens ``torch.multinomial(probs[b], 1, generator=g_b)``
-    takes, row by row over several steps (each generator's stream advances the same way), for
-    full and truncated (top-k: zeros) distributions; rows left out keep their generator as it was."""
+    """The batched race takes the very tokens ``torch.multinomial(probs[b], 1, generator=g_b)``
+    takes, row by row over several tokens, with each row's draws made ahead (three tokens at once,
+    or two then one) from its generator; full and truncated (top-k: zeros) distributions; rows
+    left out keep their generator as it was."""
     import torch
 
-    from rlhf.rollout.hf import draw_rows
+    from rlhf.rollout.hf import draw_rows, exponential_noise
 
     g = torch.Generator().manual_seed(0)
     for trial in range(30):
         B, V = 6, (22, 5, 300)[trial % 3]
-        probs = torch.softmax(torch.randn(B, V, generator=g) * 3, dim=-1)
-        if trial % 2:
-            probs = probs * (probs >= probs.topk(min(4, V), dim=-1).values[:, -1:])  # unnormalised, zeros
         live = [b for b in range(B) if (b + trial) % 4]
         ref_gens = [torch.Generator().manual_seed(1000 * trial + b) for b in range(B)]
         gens = [torch.Generator().manual_seed(1000 * trial + b) for b in range(B)]
-        for _ in range(3):
+        chunks = (3,) if trial % 2 else (2, 1)
+        noise = torch.cat([exponential_noise(gens, live, n, V) for n in chunks], dim=1)
+        for step in range(3):
+            probs = torch.softmax(torch.randn(B, V, generator=g) * 3, dim=-1)
+            if (trial + step) % 2:
+                probs = probs * (probs >= probs.topk(min(4, V), dim=-1).values[:, -1:])  # unnormalised, zeros
             want = [int(torch.multinomial(probs[b], 1, generator=ref_gens[b])[0]) if b in live else -1
                     for b in range(B)]
-            assert draw_rows(probs, gens, live, -1).tolist() == want
+            assert draw_rows(probs, noise[:, step], live, -1).tolist() == want
         for b in range(B):
             assert torch.equal(gens[b].get_state(), ref_gens[b].get_state())
-    assert draw_rows(probs, gens, [], 7).tolist() == [7] * B
+    assert draw_rows(probs, noise[:, 0], [], 7).tolist() == [7] * B
 
 
 def test_draw_rows_rejects_what_multinomial_rejects():
@@ -137,12 +140,12 @@ def test_draw_rows_rejects_what_multinomial_rejects():
 
     from rlhf.rollout.hf import draw_rows
 
-    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    noise = torch.ones(2, 2)
     with pytest.raises(RuntimeError, match="nan"):
-        draw_rows(torch.tensor([[0.5, 0.5], [float("nan"), 1.0]]), gens, [0, 1], 0)
+        draw_rows(torch.tensor([[0.5, 0.5], [float("nan"), 1.0]]), noise, [0, 1], 0)
     with pytest.raises(RuntimeError, match="sum of probabilities"):
-        draw_rows(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), gens, [0, 1], 0)
-    assert draw_rows(torch.tensor([[0.0, 1.0], [float("nan"), 1.0]]), gens, [0], 5).tolist() == [1, 5]
+        draw_rows(torch.tensor([[0.5, 0.5], [0.0, 0.0]]), noise, [0, 1], 0)
+    assert draw_rows(torch.tensor([[0.0, 1.0], [float("nan"), 1.0]]), noise, [0], 5).tolist() == [1, 5]
 
 
 @pytest.mark.parametrize("max_batch", [256, 4])
