@@ -43,11 +43,11 @@ def draw_rows(probs: torch.Tensor, noise: torch.Tensor, rows: list[int], fill: i
     """One token per row of ``probs`` ``[B, V]`` for the rows ``rows`` (the others get ``fill``),
     with ``noise`` ``[B, V]`` the rows' Exp(1) draws for this token (``exponential_noise``).
 
-    The draw ``torch.multinomial(probs[b], 1, generator=g_b)`` makes, an exponential race
-    (``argmax(p / q)``, ``q ~ Exp(1)``: the Gumbel-max trick with the exponential applied), whose
-    ``q`` it draws from ``g_b`` at the call: given the same draws, the same token. Here all the
-    rows race in one division and argmax, with one validity check, instead of a call (and its
-    checks, and reading the result back) per row; a test compares it with ``torch.multinomial``."""
+    ``torch.multinomial(probs[b], 1, generator=g_b)`` runs an exponential race, ``argmax(p / q)``
+    with ``q ~ Exp(1)`` drawn from ``g_b`` (the Gumbel-max trick with the exponential applied):
+    given the same draws, this picks the same token. Here all the rows race in one division and
+    argmax, with one validity check, instead of a call (its checks, its read-back) per row; a
+    test compares it with ``torch.multinomial``."""
     out = torch.full((probs.shape[0],), fill, dtype=torch.long)
     if not rows:
         return out
@@ -62,8 +62,8 @@ def draw_rows(probs: torch.Tensor, noise: torch.Tensor, rows: list[int], fill: i
 
 
 def _first_of_each(keys: list[int]) -> tuple[list[int], list[int]]:
-    """(the first row of each distinct key, in order; for every row the position of its key's in
-    that list)."""
+    """(the first row of each distinct key, in order; for every row, where its key's first row
+    sits in that list)."""
     where: dict[int, int] = {}
     firsts: list[int] = []
     copies = []
