@@ -100,30 +100,29 @@ def pack(batch: Batch, rows: Sequence[int]) -> Packed:
                 "pred_index": torch.zeros(0, dtype=torch.long), "targets": torch.zeros(0, dtype=torch.long),
                 "rows": torch.zeros(0, dtype=torch.long), "cols": torch.zeros(0, dtype=torch.long),
                 "sq_lengths": torch.tensor(0.0)}
-    seq_ids, pos, cu, pred, tgt, rr, cc = [], [], [0], [], [], [], []
-    for k, b in enumerate(rows):
-        p, r = int(plen[b]), int(rlen[b])
-        if p < 1:
-            raise ValueError(f"row {b} has no prompt token: nothing predicts its first response token")
-        tokens = ids[b, P - p:P + r]
-        seq_ids.append(tokens)
-        pos.append(torch.arange(p + r))
-        start = cu[-1]
-        cu.append(start + p + r)
-        pred.append(torch.arange(start + p - 1, start + p + r - 1))
-        tgt.append(ids[b, P:P + r])
-        rr.append(torch.full((r,), k, dtype=torch.long))
-        cc.append(torch.arange(r))
-    lengths = torch.tensor([cu[i + 1] - cu[i] for i in range(len(rows))], dtype=torch.float64)
+    # every row's real tokens sit at columns P - p ... P + r - 1: one mask picks them all, in row order
+    index = torch.as_tensor(list(rows), dtype=torch.long, device=ids.device)
+    p, r = plen[index], rlen[index]
+    if bool((p < 1).any()):
+        raise ValueError(f"row {int(index[p < 1][0])} has no prompt token: nothing predicts its first response token")
+    n = p + r
+    ends = n.cumsum(0)
+    starts = ends - n
+    sub = ids[index]
+    dev = ids.device
+    real = (torch.arange(T, device=dev) >= P - p[:, None]) & (torch.arange(T, device=dev) < P + r[:, None])
+    in_response = torch.arange(R, device=dev) < r[:, None]
+    cols = torch.arange(R, device=dev).expand(len(index), R)[in_response]  # 0 … r_i - 1 for each row i
+    lengths = n.to(torch.float64)
     return {
-        "input_ids": torch.cat(seq_ids).unsqueeze(0),
-        "position_ids": torch.cat(pos).unsqueeze(0),
-        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
-        "max_len": torch.tensor(int(lengths.max())),
-        "pred_index": torch.cat(pred),
-        "targets": torch.cat(tgt),
-        "rows": torch.cat(rr),
-        "cols": torch.cat(cc),
+        "input_ids": sub[real].unsqueeze(0),
+        "position_ids": (torch.arange(int(ends[-1]), device=dev) - starts.repeat_interleave(n)).unsqueeze(0),
+        "cu_seqlens": torch.cat([ends.new_zeros(1), ends]).to(torch.int32),
+        "max_len": torch.tensor(int(n.max())),
+        "pred_index": (starts + p - 1).repeat_interleave(r) + cols,
+        "targets": sub[:, P:][in_response],
+        "rows": torch.arange(len(index), device=dev).repeat_interleave(r),
+        "cols": cols,
         "sq_lengths": (lengths ** 2).sum(),  # for the attention FLOP count
     }
 

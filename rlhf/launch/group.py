@@ -180,6 +180,12 @@ class Host:
     def call(self, role: str, method: str, *args, **kwargs):
         return getattr(self.workers[role], method)(*args, **kwargs)
 
+    def relay(self, src_role: str, src_method: str, dst_role: str, dst_method: str) -> None:
+        """``dst_method`` of one role given what ``src_method`` of another returns, in this process:
+        the value is neither serialized nor stored by Ray (the weight sync of a host holding the
+        actor and the rollout engine, ``rlhf.workers.schedule.ObjectStoreTransport``)."""
+        getattr(self.workers[dst_role], dst_method)(getattr(self.workers[src_role], src_method)())
+
     def release(self, role: str) -> int:
         """Drop one role's worker (its models and engine) and return how many roles remain; the
         launcher kills the host when none do."""
@@ -198,6 +204,13 @@ class _RemoteMethod:
 
     def remote(self, *args, **kwargs):
         return self.host.call.remote(self.role, self.method, *args, **kwargs)
+
+
+def one_host(handles: Sequence[Any]) -> Optional[Any]:
+    """The ``Host`` actor holding every one of ``handles`` (``RoleHandle``s of one host), else None."""
+    if not handles or not all(isinstance(h, RoleHandle) for h in handles):
+        return None
+    return handles[0].host if len({h._actor_id for h in handles}) == 1 else None
 
 
 class RoleHandle:

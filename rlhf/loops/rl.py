@@ -28,7 +28,7 @@ import torch
 from rlhf import algos
 from rlhf.algos.objective import Objective
 from rlhf.ckpt import training as ckpt_io
-from rlhf.data.batch import Batch, collate, concat, dp_forward, select, size
+from rlhf.data.batch import Batch, collate, concat, dp_forward, padded_rows, select, size
 from rlhf.data.prompts import PromptSource, tokenize_prompts
 from rlhf.launch.cluster import Cluster
 from rlhf.launch.group import ActorGroup
@@ -363,12 +363,7 @@ def sample_step(spec: RunSpec, step, data, tokenizer, cluster: Cluster, rewards,
 
 
 def _pad_logprobs(samples: list[Sample], width: int) -> torch.Tensor:
-    out = torch.zeros(len(samples), width)
-    for i, s in enumerate(samples):
-        lp = s.logprobs[:width]
-        if lp:
-            out[i, : len(lp)] = torch.tensor(lp)
-    return out
+    return padded_rows([s.logprobs for s in samples], width, 0.0, left=False, dtype=torch.float32)[0]
 
 
 # ----------------------------------------------------------------------------- data parallel calls

@@ -186,8 +186,10 @@ def score_samples(spec: RunSpec, rows: list[dict], samples: list[Sample], tokeni
     the cluster's group, None without one); and each part."""
     import torch  # here: the reward server and the preflight import this module without the trainer's stack
 
-    prompts = [tokenizer.decode(prompt_ids[s.prompt_index], skip_special_tokens=True) for s in samples]
-    responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    # a prompt decoded once, not once per sample of its group
+    texts = {i: tokenizer.decode(prompt_ids[i], skip_special_tokens=True) for i in {s.prompt_index for s in samples}}
+    prompts = [texts[s.prompt_index] for s in samples]
+    responses = tokenizer.batch_decode([s.response_ids for s in samples], skip_special_tokens=True) if samples else []
     keys = [k for k in rows[0] if k != spec.data.prompt_key]
     metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in keys}
     metadata["finish_reasons"] = [s.finish_reason for s in samples]

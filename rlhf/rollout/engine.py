@@ -19,7 +19,8 @@ plugin module (``rlhf.rollout.registry``). One engine lives in each rollout work
   the engines); in one process, ``RequestBatcher`` (below) gathers concurrent ``await`` calls
   into ``generate`` calls.
 * ``load_weights(named_tensors)``: the trained policy's full weights by checkpoint name, after
-  each update (the object-store transport, ``rlhf.workers.schedule``).
+  each update (the object-store transport, ``rlhf.workers.schedule``). The tensors may be the
+  trainer's own (a CPU host hands them over within its process): copy what is kept.
 * ``sleep(level) -> metrics`` / ``wake_up(tags) -> seconds``: give the device memory back while
   the models train beside the engine and take it again (an engine whose kind says it sleeps,
   ``EngineKind.sleeps``; the others return at once).

@@ -22,7 +22,9 @@ figures of its one-time setup (the RL loop logs them with the first step's metri
 
 * ``object_store`` (CPU, and any placement, ``ObjectStoreTransport``): the actor's rank 0 gathers
   the full state dict (ZeRO-3 included) and returns it as a Ray object; every rollout worker loads
-  that same object, which Ray moves between processes without passing through the driver.
+  that same object, which Ray moves between processes without passing through the driver. Where
+  one CPU host holds the only actor rank and the only engine (``rlhf.launch.group.Host``), the
+  host hands the state dict from one to the other itself (``Host.relay``), in one call.
 * ``cuda`` (GPU with vLLM engines, ``CudaTransport``): the actor's ranks send through their
   senders (``rlhf.workers.sync_cuda``): CUDA IPC for hybrid placement, an NCCL broadcast group
   for disaggregated.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rlhf.launch.cluster import Cluster
+from rlhf.launch.group import method_name, one_host
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
 from rlhf.workers.frozen import TeacherWorker
@@ -135,10 +138,18 @@ class ObjectStoreTransport:
         self.actor = actor_group
         self.rollout = rollout_group
         self.setup_metrics: dict[str, float] = {}  # nothing to set up
+        # one CPU host holding the actor and the engine: the state dict goes from one to the
+        # other inside that process, with no trip through Ray's object store
+        self.host = one_host(actor_group.workers + rollout_group.workers) if (
+            actor_group.world_size == rollout_group.world_size == 1) else None
 
     def send(self) -> dict[str, float]:
         import ray
 
+        if self.host is not None:
+            ray.get(self.host.relay.remote(self.actor.role, method_name(PolicyWorker.full_state_dict),
+                                           self.rollout.role, method_name(RolloutWorker.load_weights)))
+            return {}
         refs = self.actor.call_async(PolicyWorker.full_state_dict)
         state_ref = refs[0]  # rank 0 holds the full weights; the others return None
         ray.get(refs[1:])

@@ -53,6 +53,10 @@ class TrainedWorker(ModelWorker):
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, warmup_steps),
             config=ds_config(self.spec, warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
         )
+        if self.world_size == 1 and self.spec.train.zero_stage == 0:
+            # one rank: DeepSpeed's gradient all-reduce would flatten every gradient, reduce it over a
+            # group of one and copy it back, an exact no-op that costs a copy of the gradients per step
+            self.engine.enable_backward_allreduce = False
         self.states = TrainStates(self.engine, self.spec.train.zero_stage)
 
     def offload_train_states(self) -> dict[str, float]:

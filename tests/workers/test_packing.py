@@ -45,6 +45,69 @@ def test_pack_layout_and_unpack_roundtrip():
     assert empty["pred_index"].numel() == 0 and empty["input_ids"].shape == (1, 1)
 
 
+def _random_rows(g, n, lo, hi):
+    return [torch.randint(3, 30, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def test_collate_equals_a_row_by_row_reference():
+    """The batch layout (module doc of rlhf.data.batch) built one row at a time, against collate,
+    which copies all the ids at once: empty prompts and responses, responses cut at the width."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        B = int(torch.randint(1, 9, (1,), generator=g))
+        prompts, responses = _random_rows(g, B, 0 if trial % 4 == 0 else 1, 7), _random_rows(g, B, 0, 6)
+        width = (None, 1, 3, 6)[trial % 4]
+        P = max(len(p) for p in prompts)
+        R = width or max(1, max(len(r) for r in responses))
+        ids, attn, rmask = [], [], []
+        for p, r in zip(prompts, responses):
+            r = r[:R]
+            ids.append([9] * (P - len(p)) + p + r + [9] * (R - len(r)))
+            attn.append([0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (R - len(r)))
+            rmask.append([1.0] * len(r) + [0.0] * (R - len(r)))
+        b = collate(prompts, responses, pad_id=9, response_width=width)
+        assert b["input_ids"].dtype == torch.long and b["input_ids"].tolist() == ids
+        assert b["attention_mask"].dtype == torch.long and b["attention_mask"].tolist() == attn
+        assert b["response_mask"].dtype == torch.float32 and b["response_mask"].tolist() == rmask
+        assert b["position_ids"].tolist() == [[max(0, sum(a[:t + 1]) - 1) for t in range(P + R)] for a in attn]
+
+
+def test_pack_equals_a_row_by_row_reference():
+    """pack (one mask over the rows) against the layout built sample by sample: any subset and
+    order of rows, repeated rows, rows without a response; a row without a prompt token is named."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        B = int(torch.randint(1, 9, (1,), generator=g))
+        b = collate(_random_rows(g, B, 1, 7), _random_rows(g, B, 0, 5), pad_id=0, response_width=(None, 5)[trial % 2])
+        rows = torch.randperm(B, generator=g)[:int(torch.randint(1, B + 1, (1,), generator=g))].tolist()
+        rows += rows[:trial % 2]
+        R = b["response_mask"].shape[1]
+        P = b["input_ids"].shape[1] - R
+        ids, pos, cu, pred, tgt, rr, cc = [], [], [0], [], [], [], []
+        for k, row in enumerate(rows):
+            real = [t for t, a in zip(b["input_ids"][row].tolist(), b["attention_mask"][row].tolist()) if a]
+            n_resp = int(b["response_mask"][row].sum())
+            n_prompt = len(real) - n_resp
+            pred += [cu[-1] + n_prompt - 1 + t for t in range(n_resp)]
+            ids += real
+            pos += list(range(len(real)))
+            cu.append(cu[-1] + len(real))
+            tgt += b["input_ids"][row, P:P + n_resp].tolist()
+            rr += [k] * n_resp
+            cc += list(range(n_resp))
+        p = pack(b, rows)
+        assert p["input_ids"].tolist() == [ids] and p["position_ids"].tolist() == [pos]
+        assert p["cu_seqlens"].dtype == torch.int32 and p["cu_seqlens"].tolist() == cu
+        assert (p["pred_index"].tolist(), p["targets"].tolist(), p["rows"].tolist(), p["cols"].tolist()) == \
+            (pred, tgt, rr, cc)
+        lengths = [cu[i + 1] - cu[i] for i in range(len(rows))]
+        assert int(p["max_len"]) == max(lengths) and float(p["sq_lengths"]) == sum(n * n for n in lengths)
+    b = collate([[5, 6], [], [7]], [[1], [2], [3]], pad_id=0)
+    with pytest.raises(ValueError, match="row 1 has no prompt token"):
+        pack(b, [0, 2, 1])
+
+
 def test_varlen_attention_equals_per_sequence_masked_attention():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(9, 4, 8, generator=g, dtype=torch.float64)

@@ -142,3 +142,43 @@ def test_a_method_reference_reaches_a_colocated_role_by_its_name():
     group.call_async("ping")  # a name still works
     assert calls == [("actor", "save_hf", ("/tmp/x",)), ("actor", "update", ({"rows": 1}, [4.0])),
                      ("actor", "ping", ())]
+
+
+class _FakeHost:
+    """A colocated host's Ray handle: ``relay.remote(...)`` and ``call.remote(...)`` are logged."""
+
+    def __init__(self, name: str, log: list):
+        self._actor_id, self.log = name, log
+        self.relay = NS(remote=lambda *args: log.append((name, "relay", args)))
+        self.call = NS(remote=lambda role, method, *args: log.append((name, role, method)) or (
+            "weights" if method == "full_state_dict" else None))
+
+
+@pytest.mark.parametrize("hosts,ranks", [(("h0", "h0"), 1), (("h0", "h1"), 1), (("h0", "h0"), 2)])
+def test_one_host_holding_actor_and_engine_relays_the_weights_itself(monkeypatch, hosts, ranks):
+    """The actor's only rank and the only engine on one CPU host: one call, the host hands the state
+    dict over in its process. Different hosts, or more ranks: the state dict goes through Ray."""
+    import ray
+
+    from rlhf.workers.schedule import ObjectStoreTransport
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    log: list = []
+    host = {name: _FakeHost(name, log) for name in set(hosts)}
+    actor = ActorGroup("actor", [RoleHandle(host[hosts[0]], "actor")] * ranks)
+    rollout = ActorGroup("rollout", [RoleHandle(host[hosts[1]], "rollout")] * ranks)
+    assert ObjectStoreTransport(actor, rollout).send() == {}
+    if hosts == ("h0", "h0") and ranks == 1:
+        assert log == [("h0", "relay", ("actor", "full_state_dict", "rollout", "load_weights"))]
+    else:
+        assert [m for _, _, m in log] == ["full_state_dict"] * ranks + ["load_weights"] * ranks
+
+
+def test_a_hosts_relay_hands_one_roles_result_to_another():
+    from rlhf.launch.group import Host
+
+    got = []
+    host = Host.__new__(Host)  # the roles' worker objects without their models
+    host.workers = {"actor": NS(full_state_dict=lambda: {"w": 1}), "rollout": NS(load_weights=got.append)}
+    assert host.relay("actor", "full_state_dict", "rollout", "load_weights") is None
+    assert got == [{"w": 1}]
