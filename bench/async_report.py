@@ -61,16 +61,21 @@ def summary(run: Path) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    runs = [Path(a) for a in argv]
+def summarize_runs(runs: list[Path], prefix: str) -> tuple[dict, bool]:
+    """``summary`` of each run dir, printed and recorded as ``<prefix>_<name>``; ok: every run has steps."""
     results = {}
     for run in runs:
         s = summary(run)
         results[run.name] = s
         print(f"{run.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
-        record(f"async_hybrid_{run.name}", **s)
-    ok = all(s["steps"] > 0 for s in results.values())
+        record(f"{prefix}_{run.name}", **s)
+    return results, bool(results) and all(s["steps"] > 0 for s in results.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    runs = [Path(a) for a in argv]
+    results, ok = summarize_runs(runs, "async_hybrid")
     if len(runs) == 2 and ok:
         a, b = (results[r.name] for r in runs)
         if "time/step" in a and "time/step" in b:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.async_report import summary
+from bench.async_report import summarize_runs
 from bench.checks import record, write_json_out
 
 
@@ -33,13 +33,7 @@ def compare(a: dict, b: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     runs = [Path(a) for a in argv]
-    results = {}
-    for run in runs:
-        s = summary(run)
-        results[run.name] = s
-        print(f"{run.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
-        record(f"engines_per_device_{run.name}", **s)
-    ok = bool(results) and all(s["steps"] > 0 for s in results.values())
+    results, ok = summarize_runs(runs, "engines_per_device")
     if len(runs) == 2 and ok:
         a, b = (results[r.name] for r in runs)
         c = compare(a, b)

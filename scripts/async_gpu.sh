@@ -13,23 +13,16 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 model=/tmp/rlhf-gpu/models/qwen2.5-0.5b-random
 $PY -m bench.make_model qwen2.5-0.5b "$model" || exit 1
+source scripts/lib/plan_and_run.sh
 runs=/tmp/rlhf-gpu/runs
 mkdir -p "$runs"
 rc=0
 for k in 0 1; do
   out=$runs/grpo-hybrid-async$k
-  rm -rf "$out" "$out.plan.txt" "$out.smi"
   # shellcheck disable=SC2086
   args="recipe=grpo_qwen05_random_1xh200 train.steps=${STEPS:-10} algo.tis_cap=2.0 algo.async_steps=$k ${EXTRA_ARGS:-}"
   # shellcheck disable=SC2086
-  $PY -m rlhf.cli $args --plan > "$out.plan.txt" 2>&1 || rc=1
-  cat "$out.plan.txt"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out.smi" 2>/dev/null &
-  smi=$!
-  # shellcheck disable=SC2086
-  $PY -m rlhf.cli $args tracking.console=plain output_dir="$out" || rc=1
-  kill "$smi" 2>/dev/null
-  wait "$smi" 2>/dev/null
+  plan_and_run "$out" $args
 done
 $PY -m bench.async_report "$runs/grpo-hybrid-async0" "$runs/grpo-hybrid-async1" || rc=1
 exit $rc

@@ -13,22 +13,15 @@ PY=${PY:-python3}
 preset=${1:-qwen2.5-0.5b}
 model=/tmp/rlhf-gpu/models/$preset-random
 $PY -m bench.make_model "$preset" "$model" || exit 1
+source scripts/lib/plan_and_run.sh
 runs=/tmp/rlhf-gpu/runs
 mkdir -p "$runs"
 rc=0
 for n in 1 2; do
   out=$runs/engines-$preset-e$n
-  rm -rf "$out" "$out.plan.txt" "$out.smi"
   args="recipe=grpo_qwen05_random_1xh200 model.path=$model train.steps=${STEPS:-6} placement.rollout.engines_per_device=$n ${EXTRA_ARGS:-}"
   # shellcheck disable=SC2086
-  $PY -m rlhf.cli $args --plan > "$out.plan.txt" 2>&1 || rc=1
-  cat "$out.plan.txt"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out.smi" 2>/dev/null &
-  smi=$!
-  # shellcheck disable=SC2086
-  $PY -m rlhf.cli $args tracking.console=plain output_dir="$out" || rc=1
-  kill "$smi" 2>/dev/null
-  wait "$smi" 2>/dev/null
+  plan_and_run "$out" $args
 done
 $PY -m bench.engines_report "$runs/engines-$preset-e1" "$runs/engines-$preset-e2" || rc=1
 exit $rc
