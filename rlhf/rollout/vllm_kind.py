@@ -40,11 +40,11 @@ class VLLMKind(EngineKind):
     # the profile saw taken): a neighbour starting at the same time would be counted as its own
     starts_alone_on_device = True
     # at 0.5B on an H200 one engine keeps the GPU busy 20 % of its kernel span (the Python scheduler
-    # and output handling between steps); two engines generated 1.48x the tokens/s of one, four
-    # no more than two (BENCHMARKS §10). Measured in that bench only, not yet in the RL loop (sleep,
-    # wake and the weight sync of two engines beside the trainer): auto keeps one until then, and
-    # placement.rollout.engines_per_device=2 asks for two
-    auto_engines_per_device = 1
+    # and output handling between steps); two engines generated 1.48x the tokens/s of one, four no
+    # more than two (BENCHMARKS §10). In the RL loop (sleep, wake and the weight sync of both engines
+    # beside the trainer, same trainer-vLLM mismatch): generation 1.41x and the step 1.24x at 0.5B,
+    # 1.21x and 1.10x at 1.5B. rlhf.plan.auto takes two only where the memory fits
+    auto_engines_per_device = 2
 
     def death(self, error: str) -> str:
         return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"

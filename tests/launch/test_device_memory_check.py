@@ -77,7 +77,8 @@ class _Rank:
 def test_start_cluster_asks_one_worker_once(monkeypatch, stated, warns):
     """Every rank of every role starts; the total is asked of the first model worker's rank 0 only
     (not of a vLLM engine, whose process may hold no GPU), and at most one line comes back."""
-    spec = planned_spec(["hardware=2xh200", f"hardware.device_memory_gb={stated}"])
+    spec = planned_spec(["hardware=2xh200", f"hardware.device_memory_gb={stated}",
+                         "placement.rollout.engines_per_device=1"])  # the two ranks per role placed below
     asked: list = []
 
     def place(spec, cluster):

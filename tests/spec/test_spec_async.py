@@ -40,8 +40,9 @@ def _with(s: dict, section: str, **values) -> dict:
 def both():
     """The 0.5B run on one H200, synchronous and async, at the same token budget (the null one of
     8 samples × 2,048 tokens: the GPU's auto budget differs between them, below)."""
-    return (planned_spec([*H200, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384"]),
-            planned_spec([*H200, *ASYNC, "train.max_tokens_per_micro_batch=16384"]))
+    one = "placement.rollout.engines_per_device=1"  # one engine's share (two: test_spec_engines_per_device.py)
+    return (planned_spec([*H200, one, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384"]),
+            planned_spec([*H200, one, *ASYNC, "train.max_tokens_per_micro_batch=16384"]))
 
 
 def test_the_awake_engine_leaves_a_smaller_auto_token_budget():

@@ -19,23 +19,16 @@ CONTEXT_GB = 1.0  # docs/memory.md: a further vLLM engine's process outside its 
 ASLEEP_GB = 1.0  # docs/memory.md: a sleeping vLLM engine
 
 
-@pytest.fixture(autouse=True)
-def vllm_asks_for_two(monkeypatch):
-    """The auto rule for a kind that asks for two engines per device: vLLM's own choice is one until two
-    are measured in the RL loop (``test_vllm_keeps_one_engine_until_measured``)."""
+def test_vllm_asks_for_two_engines_per_device():
+    """vLLM's own choice since two engines were measured in the RL loop (BENCHMARKS §10): the auto rule
+    below then gives a small model two engines per GPU where they fit; 1 still asks for one."""
     from rlhf.rollout.vllm_kind import VLLMKind
 
-    monkeypatch.setattr(VLLMKind, "auto_engines_per_device", 2)
-
-
-def test_vllm_keeps_one_engine_until_measured(monkeypatch):
-    from rlhf.rollout.vllm_kind import VLLMKind
-
-    monkeypatch.undo()
-    assert VLLMKind.auto_engines_per_device == 1
+    assert VLLMKind.auto_engines_per_device == 2
     spec = planned_spec(H200)
-    assert spec.layout.engines_per_device == 1 and _decision(spec).value == 1
-    assert planned_spec([*H200, f"{KEY}=2"]).layout.engines_per_device == 2  # the opt-in
+    assert spec.layout.engines_per_device == 2 and _decision(spec).value == 2
+    assert "1.24x faster at 0.5B" in _decision(spec).why
+    assert planned_spec([*H200, f"{KEY}=1"]).layout.engines_per_device == 1  # the opt-out
 
 
 def _decision(spec):

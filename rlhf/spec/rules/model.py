@@ -21,7 +21,8 @@ def problems(s: Sections) -> list[str]:
             and model.liger_kernels is True and hw.accelerator != "cuda":
         p.append("model.liger_kernels=true needs a CUDA GPU (Liger's kernels are Triton), but "
                  f"hardware={hw.name} has none. Use model.liger_kernels=false.")
-    if auto_bool(p, "model.compile_layers", model.compile_layers, "off for now; true compiles each decoder layer") \
+    if auto_bool(p, "model.compile_layers", model.compile_layers,
+                 "on for RL on CUDA where Liger's kernels are off; true compiles each decoder layer") \
             and model.compile_layers is True and model.liger_kernels is True:
         p.append("model.compile_layers=true with model.liger_kernels=true: dynamo cannot trace Liger's kernels inside "
                  "a compiled layer (inductor fuses the norms and MLP itself). Use model.liger_kernels=auto (off with "
