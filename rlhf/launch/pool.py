@@ -91,13 +91,14 @@ def take(spec: RunSpec, world_size: int, roles: dict[str, tuple[str, str]]) -> l
                 alive.append(h)
             except Exception:  # noqa: BLE001
                 _kill(h)
-    hosts = []
-    for rank in range(world_size):
-        if rank < len(alive):
-            alive[rank].reset.remote(spec, rank, world_size, roles)  # in the actor's queue before any call of the run
-            hosts.append(alive[rank])
-        else:
-            hosts.append(spawn_actor(Host, spec, None, 0, {"CPU": 0.0}, rank, world_size, roles))
+    hosts = [alive[rank] if rank < len(alive) else spawn_actor(Host, spec, None, 0, {"CPU": 0.0}, rank, world_size, roles)
+             for rank in range(world_size)]
+    try:  # the kept hosts build this run's workers now: an error there is the run's, with its own cause
+        ray.get([h.reset.remote(spec, rank, world_size, roles) for rank, h in enumerate(alive)])
+    except BaseException:
+        for h in hosts:
+            _kill(h)
+        raise
     return hosts
 
 
