@@ -162,6 +162,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
     t0 = time.perf_counter()
     cluster = tracker = console = lock = None
     status = "FAILED"
+    finished = False  # the run got to its end: its worker processes may be kept (rlhf.launch.pool)
     # a run dir this run makes (or finds empty) is removed again if the run is refused before the
     # tracker starts: a refused run leaves nothing behind
     fresh = not Path(spec.run_dir).is_dir() or not any(Path(spec.run_dir).iterdir())
@@ -239,6 +240,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         else:
             console.print(f"done in {time.perf_counter() - t0:.1f} s")
         console.print(tracker.where())
+        finished = True
         return 0
     except UserError as e:  # a worker's arrives as a RayTaskError that is a UserError too
         _close(console)
@@ -282,7 +284,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         try:
             _close(console)
             if cluster is not None:
-                cluster.shutdown()
+                cluster.shutdown(finished=finished)
             if tracker is not None:
                 tracker.finish(status)
         finally:

@@ -104,6 +104,9 @@ class RaySweepHooks(SweepHooks):
         if self.started:
             import ray
 
+            from rlhf.launch import pool
+
+            pool.drain()  # the jobs' idle worker processes (ray.reuse_workers)
             ray.shutdown()
             self.started = False
 

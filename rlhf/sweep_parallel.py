@@ -84,6 +84,9 @@ def launch(hydra_context: Any, task_function: Any, config: Any, job_overrides: S
     for future, ret in submitted:
         ret.return_value = future.result()
     if started_ray:
+        from rlhf.launch import pool
+
+        pool.drain()  # the jobs' idle worker processes (ray.reuse_workers)
         ray.shutdown()
     return returns
 

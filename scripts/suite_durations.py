@@ -9,6 +9,7 @@ up per scheduling unit to send the longest units to the pytest-xdist workers fir
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -16,7 +17,9 @@ from pathlib import Path
 
 
 def nodeid(classname: str, name: str, root: Path) -> str:
-    """pytest's node id of a junit testcase (classname ``tests.rl.test_x`` or ``tests.rl.test_x.Class``)."""
+    """pytest's node id of a junit testcase (classname ``tests.rl.test_x`` or ``tests.rl.test_x.Class``),
+    without the ``@<unit>`` that tests/conftest.py appends under ``--dist loadgroup``."""
+    name = re.sub(r"@[0-9a-f]{10}\]?$", "", name)  # junit writes "test[p]@unit]" for "test[p]@unit"
     parts = classname.split(".")
     for i in range(len(parts), 0, -1):
         if (root / ("/".join(parts[:i]) + ".py")).exists():

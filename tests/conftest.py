@@ -83,6 +83,12 @@ def real_disk():
 # something already up is up). Units go out longest first, by the seconds tests/durations.json
 # measured for their tests (scripts/suite_durations.py writes it from a junit report; a test it
 # does not name weighs its file's mean), so that the workers end together.
+#
+# The unit goes into each node id as ``<node id>@<unit>``, which is what ``--dist loadgroup``
+# groups by. pytest-xdist's own ``xdist_group`` mark writes it into ``item._nodeid``, which pytest
+# 9.2 no longer reads (a node id comes from ``item._id``): with the mark alone every test went to
+# either worker and each worker ran the module fixtures it needed, a shared run twice. So the
+# suffix is written here, where the running pytest reads it.
 CHEAP = {"rl_env"}
 SHARED_SCOPES = {"module", "class", "package"}
 
@@ -137,6 +143,23 @@ def pytest_collection_modifyitems(config, items):
     weight: dict[str, float] = defaultdict(float)
     for item in items:
         weight[unit_of[item.nodeid]] += seconds.get(item.nodeid) or mean(file_of[item.nodeid])
-        item.add_marker(pytest.mark.xdist_group(unit_of[item.nodeid]))
     order = {u: i for i, u in enumerate(sorted(weight, key=lambda u: -weight[u]))}
     items.sort(key=lambda item: order[unit_of[item.nodeid]])  # stable: a unit keeps its file's order
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker of --dist loadgroup
+        for item in items:
+            group(item, unit_of[item.nodeid])
+
+
+def group(item, unit: str) -> None:
+    """``item``'s node id with ``@<unit>`` (a short hash of the unit's name): pytest-xdist's
+    loadgroup scheduler sends every test of one unit to one worker."""
+    import hashlib
+
+    new = f"{item.nodeid}@{hashlib.sha1(unit.encode()).hexdigest()[:10]}"
+    if hasattr(item, "_id"):  # pytest >= 9.2: the node id is str(item._id)
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(new)
+    else:  # older pytest: str item._nodeid
+        item._nodeid = new
+    assert item.nodeid == new, (item.nodeid, new)

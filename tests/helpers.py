@@ -103,10 +103,16 @@ def snapshot() -> tuple[set, set]:
 
 
 def leftovers(since_actors: set, since_pgs: set) -> tuple[list, list]:
-    """Actors alive and placement groups not removed that were not there before."""
+    """Actors alive and placement groups not removed that were not there before. The idle hosts
+    of ``rlhf.launch.pool`` (kept for the next run on purpose, in no placement group) are not
+    leftovers; a failed run's hosts never go there (tests/launch/test_host_reuse.py)."""
     import ray
 
-    alive = [aid for aid, st in _actor_states().items() if st != "DEAD" and aid not in since_actors]
+    from rlhf.launch.pool import idle_actor_ids
+
+    kept = idle_actor_ids()
+    alive = [aid for aid, st in _actor_states().items()
+             if st != "DEAD" and aid not in since_actors and aid not in kept]
     pgs = [pg_id for pg_id, info in ray.util.placement_group_table().items()
            if info["state"] != "REMOVED" and pg_id not in since_pgs]
     return alive, pgs

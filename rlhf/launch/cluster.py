@@ -63,6 +63,7 @@ class Cluster:
     started_ray: bool = False
     nodes: list[str] = field(default_factory=list)  # Ray node id of each plan node (several nodes only)
     warnings: list[str] = field(default_factory=list)  # found at start-up, for the driver to print once
+    pooled: list = field(default_factory=list)  # Host actors from and for rlhf.launch.pool (ray.reuse_workers)
 
     @property
     def actor(self) -> Optional[ActorGroup]:
@@ -88,8 +89,18 @@ class Cluster:
     def rollout(self) -> Optional[ActorGroup]:
         return self.groups.get("rollout")
 
-    def shutdown(self) -> None:
-        """Kill every actor and remove every placement group this cluster made (idempotent)."""
+    def shutdown(self, finished: bool = False) -> None:
+        """Kill every actor and remove every placement group this cluster made (idempotent).
+        ``finished``: the run ended cleanly; its hosts go back to the pool when they came from it
+        (``rlhf.launch.pool``), retired, instead of being killed."""
+        if finished and self.pooled:
+            from rlhf.launch import pool
+
+            hosts, self.pooled = self.pooled, []
+            for g in self.groups.values():
+                g.workers = []
+            pool.give_back(self.spec, hosts)
+        self.pooled = []
         for g in list(self.groups.values()):
             g.kill()
         self.groups.clear()
@@ -100,6 +111,9 @@ class Cluster:
                 pass
         self.placement_groups.clear()
         if self.started_ray and ray.is_initialized():
+            from rlhf.launch import pool
+
+            pool.drain()
             ray.shutdown()
         self.started_ray = False
 
@@ -327,8 +341,13 @@ def _place(spec: RunSpec, cluster: Cluster) -> None:
     if can_colocate(spec):  # CPU hybrid: one process per device holds every role's rank there
         n = spec.layout.total_devices
         pg = pgs[HYBRID_GROUP]
-        hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, {r: ROLE_CLASSES[r] for r in slots})
-                 for d in range(n)]
+        roles = {r: ROLE_CLASSES[r] for r in slots}
+        from rlhf.launch import pool
+
+        if pool.usable(spec, cluster.started_ray):  # kept across runs: beside the placement group, which reserves the slots
+            hosts = cluster.pooled = pool.take(spec, n, roles)
+        else:
+            hosts = [spawn_actor(Host, spec, pg, d, {"CPU": 1.0}, d, n, roles) for d in range(n)]
         for role in slots:
             cluster.groups[role] = ActorGroup(role, [RoleHandle(h, role) for h in hosts])
         return

@@ -169,13 +169,50 @@ def can_colocate(spec: RunSpec) -> bool:
 
 
 class Host:
-    """A Ray actor holding the worker objects of several roles (one rank each) of one device."""
+    """A Ray actor holding the worker objects of several roles (one rank each) of one device.
+
+    Kept across runs where ``rlhf.launch.pool`` allows it: ``retire`` ends its part in a finished
+    run, ``reset`` builds a new run's workers in it as a new host builds them."""
+
+    # what the workers set in the environment for a run (torch.distributed's rendezvous, threads)
+    RUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+               "OMP_NUM_THREADS")
 
     def __init__(self, spec: RunSpec, rank: int, world_size: int, roles: dict[str, tuple[str, str]]):
+        self._env = {k: os.environ.get(k) for k in self.RUN_ENV}  # as Ray started the process
+        self.reset(spec, rank, world_size, roles)
+
+    def reset(self, spec: RunSpec, rank: int, world_size: int, roles: dict[str, tuple[str, str]]) -> None:
+        """Build this run's worker objects (a new host, or an idle one of the pool)."""
         self.workers = {}
         for role, (module, name) in roles.items():
             cls = getattr(importlib.import_module(module), name)
             self.workers[role] = cls(spec, role, rank, world_size)
+
+    def idle(self) -> int:
+        """Answers while the process lives (the pool's check before it hands the host to a run)."""
+        return os.getpid()
+
+    def retire(self) -> int:
+        """Leave a finished run: drop its worker objects (models, engines, DeepSpeed engines), leave
+        torch.distributed's process group (DeepSpeed's communication state with it), and put the
+        process's output and the workers' environment variables back as they were when it
+        started. The host is then as a new one would be before its workers are built, apart from the
+        modules it has imported. Returns the process id."""
+        import gc
+
+        self.workers = {}
+        gc.collect()
+        leave_process_group()
+        from rlhf.track.worker_logs import restore_output
+
+        restore_output()
+        for k, v in self._env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return os.getpid()
 
     def call(self, role: str, method: str, *args, **kwargs):
         return getattr(self.workers[role], method)(*args, **kwargs)
@@ -194,6 +231,23 @@ class Host:
         self.workers.pop(role, None)
         gc.collect()
         return len(self.workers)
+
+
+def leave_process_group() -> None:
+    """Destroy this process's torch.distributed process group, and DeepSpeed's references to it
+    and its communication backend, so that the next ``init_distributed`` starts as in a new
+    process."""
+    import sys
+
+    import torch.distributed as dist
+
+    ds_comm = sys.modules.get("deepspeed.comm.comm")
+    if ds_comm is not None and getattr(ds_comm, "cdb", None) is not None and ds_comm.cdb.is_initialized():
+        ds_comm.destroy_process_group()  # torch's group, and deepspeed.utils.groups' references
+    elif dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if ds_comm is not None:
+        ds_comm.cdb = None  # deepspeed.init_distributed builds its backend again, as in a new process
 
 
 class _RemoteMethod:

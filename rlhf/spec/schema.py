@@ -653,6 +653,9 @@ class RaySpec(Frozen):
 
     address: Optional[str] = doc(None, "Join an existing cluster (auto or host:port); None starts a local one.")
     num_cpus: Optional[int] = doc(None, "CPUs of the local cluster; None = Ray's own count.")
+    reuse_workers: bool = doc(True, "Keep a finished CPU run's worker processes for the next run of "
+                              "this driver on a Ray it joined (a sweep's jobs, in-process runs): "
+                              "no new process and imports per run; false: a new process every run.")
 
 
 # --------------------------------------------------------------------------- root

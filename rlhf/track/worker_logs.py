@@ -28,6 +28,7 @@ from rlhf.spec.runspec import RunSpec
 
 LOG_DIR = "logs"
 _claimed: dict[str, object] = {}  # this process's file: {"path": Path, "roles": [..], "rank": int}
+_original: list[int] = []  # copies of descriptors 1 and 2 as the process started (restore_output)
 
 
 def log_dir(run_dir: str | os.PathLike) -> Path:
@@ -52,6 +53,8 @@ def log_to_file(spec: RunSpec, role: str, rank: int) -> Optional[Path]:
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    if not _original:  # the process's own output (Ray's log files of the worker), for restore_output
+        _original.extend((os.dup(1), os.dup(2)))  # not inherited by children (os.dup's default)
     try:
         os.dup2(fd, 1)  # dup2's copies are inheritable: child processes write here too
         os.dup2(fd, 2)
@@ -62,6 +65,19 @@ def log_to_file(spec: RunSpec, role: str, rank: int) -> Optional[Path]:
     print(f"# {role} rank {rank} · pid {os.getpid()} · {socket.gethostname()} · "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     return path
+
+
+def restore_output() -> None:
+    """Point descriptors 1 and 2 back where they were before ``log_to_file`` (a host kept idle
+    between runs, ``rlhf.launch.pool``, writes nothing more into the finished run's files)."""
+    if not _claimed:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _original:
+        os.dup2(_original[0], 1)
+        os.dup2(_original[1], 2)
+    _claimed.clear()
 
 
 def _join(role: str) -> Path:

@@ -102,13 +102,46 @@ def test_cpu_hybrid_puts_every_role_of_a_device_in_one_host(spawned):
     out, hosts = spawned
     spec = _spec(["algo=ppo"])
     assert can_colocate(spec)
-    cluster = launch.Cluster(spec=spec)
+    cluster = launch.Cluster(spec=spec, started_ray=True)  # rlhf-run's own Ray: no host is kept after the run
     launch._place(spec, cluster)
-    assert out == {} and hosts == [("Host", 0, {"CPU": 1.0}, (0, 1))]
-    assert set(cluster.groups) == set(spec.roles)
+    assert out == {} and hosts == [("Host", 0, {"CPU": 1.0}, (0, 1))]  # in the placement group's bundle
+    assert set(cluster.groups) == set(spec.roles) and cluster.pooled == []
     for role, group in cluster.groups.items():
         (handle,) = group.workers
         assert isinstance(handle, RoleHandle) and handle.role == role and handle._actor_id == "host0"
+
+
+def test_hosts_that_may_be_kept_come_from_the_pool_beside_the_placement_group(spawned, monkeypatch):
+    """A Ray the driver joined (started_ray False), one node: the hosts come from rlhf.launch.pool,
+    which starts (or reuses) them outside the placement group; the group still reserves the slots."""
+    from rlhf.launch import pool
+
+    out, hosts = spawned
+    asked = []
+    monkeypatch.setattr(pool, "usable", lambda spec, started_ray: not started_ray)
+    monkeypatch.setattr(pool, "take", lambda spec, n, roles: asked.append((n, sorted(roles))) or
+                        [NS(_actor_id=f"kept{i}") for i in range(n)])
+    spec = _spec(["algo=grpo", "hardware.devices_per_node=2"])
+    cluster = launch.Cluster(spec=spec)
+    launch._place(spec, cluster)
+    assert hosts == [] and out == {} and asked == [(2, sorted(spec.roles))]
+    assert [pg.bundles for pg in cluster.placement_groups] == [[{"CPU": 1.0}] * 2]
+    assert [h._actor_id for h in cluster.pooled] == ["kept0", "kept1"]
+    assert [w._actor_id for w in cluster.groups["actor"].workers] == ["kept0", "kept1"]
+
+
+@pytest.mark.parametrize("overrides,started_ray,why", [
+    (["ray.reuse_workers=false"], False, "switched off"),
+    ([], True, "the driver started Ray: it ends with the run"),
+    (["placement=disaggregated", "hardware.devices_per_node=3"], False, "a process per role"),
+    (["algo.async_steps=1", "algo.tis_cap=2.0"], False, "async rollouts"),
+    (GPU, False, "GPU"),
+    (["hardware.nodes=2"], False, "several nodes"),
+])
+def test_hosts_are_not_kept(overrides, started_ray, why):
+    from rlhf.launch import pool
+
+    assert not pool.usable(_spec(["algo=grpo", *overrides]), started_ray), why
 
 
 @pytest.mark.parametrize("overrides", [["placement=disaggregated", "hardware.devices_per_node=3"],

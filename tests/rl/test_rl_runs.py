@@ -235,6 +235,14 @@ def test_no_leftovers_after_failing_run(rl_env, tmp_path, capsys):
     assert "bad_reward.py:reward raised ValueError: boom" in err
     actors, pgs = leftovers(*before)
     assert actors == [] and pgs == []
+    # its host was killed, not kept for the next run (rlhf.launch.pool): no idle host is its process
+    import ray
+
+    from rlhf.launch import pool
+    from tests.launch.test_host_reuse import host_pids
+
+    (pid,) = host_pids(tmp_path / "fail").values()
+    assert pid not in ray.get([h.idle.remote() for _, h, _ in pool._idle])
 
 
 def test_mlflow_run_read_back(grpo_hybrid):
