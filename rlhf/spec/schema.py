@@ -367,7 +367,7 @@ class RolloutPlacement(Frozen):
                                   "1.41x and the step 1.24x at 0.5B, 1.21x and 1.10x at 1.5B, same "
                                   "trainer-vLLM mismatch (BENCHMARKS §10). vLLM's gpu_memory_utilization is split between "
                                   "them (same total), each engine adds its weights and CUDA context. "
-                                  "auto: 2 for models of <= 3B parameters at tensor_parallel 1 on CUDA "
+                                  "auto: 2 for models of <= 2B parameters at tensor_parallel 1 on CUDA "
                                   "when the memory figures fit with the extra engine, else 1 (always 1 "
                                   "on CPU). Needs tensor_parallel 1.")
 
