@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 
@@ -116,3 +117,13 @@ def leftovers(since_actors: set, since_pgs: set) -> tuple[list, list]:
     pgs = [pg_id for pg_id, info in ray.util.placement_group_table().items()
            if info["state"] != "REMOVED" and pg_id not in since_pgs]
     return alive, pgs
+
+
+def host_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> the pid of the process that held it in the run at ``run_dir``, from the header of each
+    worker log (which process a run's ranks ran in: rlhf.launch.pool reuses them)."""
+    out = {}
+    for path in (Path(run_dir) / "logs").glob("*.log"):
+        m = re.match(r"# \w+ rank (\d+) · pid (\d+) ", path.read_text().splitlines()[0])
+        out[int(m.group(1))] = int(m.group(2))
+    return out

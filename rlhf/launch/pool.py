@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from rlhf.spec.runspec import RunSpec
 
@@ -126,8 +126,7 @@ def give_back(spec: RunSpec, hosts: list) -> bool:
 
 def idle_actor_ids() -> set[str]:
     """The Ray actor ids (hex) of the idle hosts: alive between runs on purpose."""
-    with _lock:
-        return {h._actor_id.hex() for _, h, _ in _idle}
+    return {h._actor_id.hex() for h in idle_hosts()}
 
 
 def drain() -> int:
@@ -149,6 +148,7 @@ def _kill(h: Any) -> None:
         pass
 
 
-def size(k: Optional[tuple] = None) -> int:
+def idle_hosts() -> list:
+    """The idle Host actors, oldest first."""
     with _lock:
-        return sum(1 for kk, _, _ in _idle if k is None or kk == k)
+        return [h for _, h, _ in _idle]

@@ -11,26 +11,14 @@ A failed run's hosts are never kept: tests/rl/test_rl_runs.py::test_no_leftovers
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-from tests.helpers import leftovers, run_rl, snapshot
+from tests.helpers import host_pids, leftovers, run_rl, snapshot
 
 TOY = ["train.prompts_per_step=16", "rollout.max_response_tokens=4", "tracking=none", "train.steps=2"]
 A = TOY + ["algo=dr_grpo", "train.seed=3"]
 B = TOY + ["algo=grpo", "train.seed=1", "hardware.devices_per_node=2"]
 CLOCKS = ("time/", "throughput/", "perf/update_tflops", "perf/fwd_bwd_tflops")  # wall-clock readings
-
-
-def host_pids(run_dir: Path) -> dict[int, int]:
-    """rank -> the pid of the process that held it, from the header of each worker log."""
-    out = {}
-    for path in (Path(run_dir) / "logs").glob("*.log"):
-        m = re.match(r"# \w+ rank (\d+) · pid (\d+) ", path.read_text().splitlines()[0])
-        out[int(m.group(1))] = int(m.group(2))
-    return out
 
 
 def numbers(rows: list[dict]) -> list[dict]:
@@ -48,7 +36,7 @@ def runs(rl_env, tmp_path_factory):
         before = snapshot()
         code, rows = run_rl(overrides, out / name)
         res[name] = {"code": code, "rows": rows, "dir": out / name, "pids": host_pids(out / name),
-                     "left": leftovers(*before), "idle": pool.size()}
+                     "left": leftovers(*before), "idle": len(pool.idle_hosts())}
     return res
 
 
@@ -79,7 +67,7 @@ def test_an_idle_host_writes_nothing_into_the_finished_runs_logs(runs):
 
     from rlhf.launch import pool
 
-    hosts = [h for _, h, _ in pool._idle]
+    hosts = pool.idle_hosts()
     assert sorted(ray.get([h.idle.remote() for h in hosts])) == sorted(runs["C"]["pids"].values())
     ray.get([h.__ray_call__.remote(lambda self: print("idle-host-marker", flush=True)) for h in hosts])
     for name in "BC":

@@ -23,7 +23,7 @@ import math
 
 import pytest
 
-from tests.helpers import leftovers, make_spec, run_rl, snapshot
+from tests.helpers import host_pids, leftovers, make_spec, run_rl, snapshot
 from tests.rl.conftest import assert_learned
 
 EQUAL_STEPS = 3
@@ -239,10 +239,9 @@ def test_no_leftovers_after_failing_run(rl_env, tmp_path, capsys):
     import ray
 
     from rlhf.launch import pool
-    from tests.launch.test_host_reuse import host_pids
 
     (pid,) = host_pids(tmp_path / "fail").values()
-    assert pid not in ray.get([h.idle.remote() for _, h, _ in pool._idle])
+    assert pid not in ray.get([h.idle.remote() for h in pool.idle_hosts()])
 
 
 def test_mlflow_run_read_back(grpo_hybrid):
