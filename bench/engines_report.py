@@ -1,11 +1,11 @@
 """One rollout engine per GPU against two (scripts/engines_gpu.sh's runs, ``placement.rollout.engines_per_device``).
 
-    python -m bench.engines_report /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e1 /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e2
+    python -m bench.engines_report /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e1 /tmp/rlhf-gpu/runs/engines-qwen2.5-0.5b-e2 [...]
 
 For each run dir the figures of ``bench.async_report.summary`` (medians over steps 2.. of the step,
 its phases and ``mismatch/logp_abs_mean``; the plan's phase figures against the GPU's measured peak),
-one ``RESULT`` row each; then the second run's generation speed-up over the first
-(``time/generate`` of the first / of the second: the acceptance of issue 33 item 2 is ≥ 1.5), its step
+one ``RESULT`` row each; then each later run against the first: its generation speed-up
+(``time/generate`` of the first / of it: the acceptance of issue 33 item 2 is ≥ 1.5), its step
 time ratio, and its mismatch as a share of the first's (≈ 1: the same bf16 agreement).
 """
 
@@ -34,12 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     runs = [Path(a) for a in argv]
     results, ok = summarize_runs(runs, "engines_per_device")
-    if len(runs) == 2 and ok:
-        a, b = (results[r.name] for r in runs)
-        c = compare(a, b)
-        results["compare"] = c
-        print(f"{runs[1].name} against {runs[0].name}: " + ", ".join(f"{k}={v:.3f}" for k, v in c.items()))
-        record(f"engines_per_device_{runs[1].name}_vs_{runs[0].name}", **c)
+    if len(runs) >= 2 and ok:
+        a = results[runs[0].name]
+        for run in runs[1:]:
+            c = compare(a, results[run.name])
+            results["compare" if len(runs) == 2 else f"compare_{run.name}"] = c
+            print(f"{run.name} against {runs[0].name}: " + ", ".join(f"{k}={v:.3f}" for k, v in c.items()))
+            record(f"engines_per_device_{run.name}_vs_{runs[0].name}", **c)
     write_json_out("bench_engines_per_device.json", results)
     return 0 if ok else 1
 

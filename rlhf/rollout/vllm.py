@@ -61,6 +61,10 @@ class EngineConfig:
     eos_token_id: Optional[int] = None  # stop token when no tokenizer is given
     # TP 1: run vLLM's engine core in a child process (vLLM's default) instead of this one
     multiprocessing: bool = False
+    # sampled-token logprobs as one FlatLogprobs per sample (a few flat lists) instead of a dict and a
+    # Logprob object per token: vLLM's output handling runs on the host between decode steps, and at
+    # 0.5B decoding is host-bound (BENCHMARKS §10)
+    flat_logprobs: bool = True
     extra: dict = field(default_factory=dict)  # more vllm.LLM keyword arguments
 
     def llm_kwargs(self) -> dict[str, Any]:
@@ -214,6 +218,7 @@ class VLLMEngine:
                 stop_token_ids=None if ignore_eos else (stops or None),
                 ignore_eos=bool(ignore_eos),
                 logprobs=0 if logprobs else None,
+                flat_logprobs=bool(logprobs and self.cfg.flat_logprobs),
                 detokenize=False,
                 seed=None if seed is None else int(seed) % (2**63),
             )
@@ -345,6 +350,9 @@ def _sampled_logprobs(lp: Any, ids: Sequence[int]) -> list[float]:
     if lp is None:
         return []
     if hasattr(lp, "start_indices") and hasattr(lp, "token_ids"):  # FlatLogprobs
+        # logprobs=0 gives one entry per position, the sampled token's: the column is the answer
+        if len(lp.token_ids) == len(ids) and list(lp.token_ids) == list(ids):
+            return [float(x) for x in lp.logprobs]
         out = []
         for pos, tok in enumerate(ids):
             s, e = lp.start_indices[pos], lp.end_indices[pos]

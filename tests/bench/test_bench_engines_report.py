@@ -43,3 +43,17 @@ def test_a_run_that_left_no_steps_fails_the_report(tmp_path, monkeypatch):
     one = _run(tmp_path, "e1", [30.0, 6.0], [0.5, 0.01], 82.8)
     (tmp_path / "e2").mkdir()
     assert engines_report.main([str(one), str(tmp_path / "e2")]) == 1
+
+
+def test_three_runs_each_against_the_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RLHF_GPU_OUT", str(tmp_path / "out"))
+    base = _run(tmp_path, "e1n", [30.0, 6.0, 6.0], [0.5, 0.010, 0.010], 82.8)
+    two = _run(tmp_path, "e2n", [30.0, 4.0, 4.0], [0.5, 0.010, 0.010], 83.8)
+    flat = _run(tmp_path, "e2", [30.0, 3.0, 3.0], [0.5, 0.011, 0.011], 83.8)
+    assert engines_report.main([str(base), str(two), str(flat)]) == 0
+    out = json.loads((tmp_path / "out" / "bench_engines_per_device.json").read_text())
+    assert out["compare_e2n"]["generate_speedup"] == pytest.approx(1.5)
+    assert out["compare_e2"]["generate_speedup"] == pytest.approx(2.0)
+    assert out["compare_e2"]["mismatch_ratio"] == pytest.approx(1.1)
+    printed = capsys.readouterr().out
+    assert "e2n against e1n: generate_speedup=1.500" in printed and "e2 against e1n: generate_speedup=2.000" in printed

@@ -26,6 +26,15 @@ class _Completion:
 
 
 @dataclass
+class _Flat:
+    """vLLM's FlatLogprobs columns: position i's entries are [start_indices[i], end_indices[i])."""
+    start_indices: list = field(default_factory=list)
+    end_indices: list = field(default_factory=list)
+    token_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+
+
+@dataclass
 class _Output:
     outputs: list
 
@@ -66,7 +75,11 @@ class _FakeLLM:
             for j in reversed(range(sp.n)):  # out of order on purpose
                 base = (sp.seed or 0) + j
                 ids = [(base + k + len(p["prompt_token_ids"])) % 50 for k in range(sp.max_tokens)]
-                lps = [{t: _Logprob(-0.1 * (k + 1))} for k, t in enumerate(ids)]
+                if getattr(sp, "flat_logprobs", False):
+                    lps = _Flat(list(range(len(ids))), list(range(1, len(ids) + 1)), list(ids),
+                                [-0.1 * (k + 1) for k in range(len(ids))])
+                else:
+                    lps = [{t: _Logprob(-0.1 * (k + 1))} for k, t in enumerate(ids)]
                 comps.append(_Completion(j, ids, lps, "length"))
             outs.append(_Output(comps))
         return outs
@@ -129,12 +142,38 @@ def test_engine_settings_and_generation(fake_vllm, monkeypatch):
     _, params = _FakeLLM.instances[-1].calls[-1]
     assert [p.seed for p in params] == [10, 20]
     assert params[0].stop_token_ids == [2] and params[0].logprobs == 0 and params[0].detokenize is False
+    assert params[0].flat_logprobs is True  # the default: no Logprob object per token on the host
     assert params[0].temperature == pytest.approx(0.7)
 
     packed = eng.generate_packed([[1, 2]], n=2, max_tokens=3, ignore_eos=True)
     assert packed["lengths"].tolist() == [3, 3] and packed["token_ids"].shape == (6,)
     _, p2 = _FakeLLM.instances[-1].calls[-1]
     assert p2.ignore_eos and p2.stop_token_ids is None
+
+
+def test_nested_logprobs_give_the_same_samples(fake_vllm):
+    rv = fake_vllm
+    flat = rv.VLLMEngine(rv.EngineConfig(model_path="/m")).generate_ids([[1, 2], [3]], n=2, max_tokens=5)
+    nested = rv.VLLMEngine(rv.EngineConfig(model_path="/m", flat_logprobs=False)).generate_ids(
+        [[1, 2], [3]], n=2, max_tokens=5)
+    assert _FakeLLM.instances[-1].calls[-1][1].flat_logprobs is False
+    assert [(s.response_ids, s.logprobs) for s in flat] == [(s.response_ids, s.logprobs) for s in nested]
+    assert nested[0].logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5])
+    off = rv.VLLMEngine(rv.EngineConfig(model_path="/m")).generate_ids([[1]], max_tokens=3, logprobs=False)
+    assert off[0].logprobs == [] and _FakeLLM.instances[-1].calls[-1][1].flat_logprobs is False
+
+
+def test_sampled_logprobs_from_flat_columns_with_candidates():
+    from rlhf.rollout.vllm import _sampled_logprobs
+
+    # top-2 candidates per position, the sampled token not always first (logprobs=k > 0)
+    lp = _Flat([0, 2, 4], [2, 4, 6], [7, 8, 9, 3, 5, 6], [-0.5, -1.0, -2.0, -0.25, -0.75, -3.0])
+    assert _sampled_logprobs(lp, [7, 3, 6]) == [-0.5, -0.25, -3.0]
+    # one entry per position (logprobs=0): the column itself
+    assert _sampled_logprobs(_Flat([0, 1], [1, 2], [4, 5], [-1.5, -2.5]), [4, 5]) == [-1.5, -2.5]
+    nested = [{7: _Logprob(-0.5), 8: _Logprob(-1.0)}, {9: _Logprob(-2.0), 3: _Logprob(-0.25)}]
+    assert _sampled_logprobs(nested, [7, 3]) == [-0.5, -0.25]
+    assert _sampled_logprobs(None, [1]) == []
 
 
 def test_sleep_wake_and_weight_loading(fake_vllm):
