@@ -346,7 +346,12 @@ def run_openrlhf(a, model: str, prompts_file: str, work: Path, timeout: float, s
             first["t"] = time.time() - t0
         return len(s) >= n
 
-    end = base.run_side("openrlhf", cmd, peer_env(a), timeout, log, done=done)
+    env = peer_env(a)
+    # OpenRLHF's actor went silent after "NCCL version" in both tenth-session starts without NCCL's INFO lines
+    # (the ninth's passed) and passed in both starts with them (eleventh): keep them on; if the silence
+    # comes back, the log says where it waits (BENCHMARKS §8)
+    env.setdefault("NCCL_DEBUG", "INFO")
+    end = base.run_side("openrlhf", cmd, env, timeout, log, done=done)
     steps = openrlhf_steps(log, samples)
     out = {"end": end, "steps": steps, "summary": base.summarize(steps, a.warmup), "first_step_s": first.get("t"),
            "settings": "python -m openrlhf.cli.train_ppo_ray " + " ".join(openrlhf_args(a, model, "<prompts>", work))}

@@ -128,7 +128,8 @@ class Lever:
 
 
 LEVERS = (
-    Lever("baseline", "the RL loop's call: 1 engine, unseeded, sampled-token log-probs"),
+    Lever("baseline", "the RL loop's call until the fourteenth session: 1 engine, unseeded, sampled-token "
+                      "log-probs nested (a Logprob per token)"),
     Lever("engines_2", "2 engines on the GPU, prompts split (rlhf.rollout.generate.launch)", engines=("product",) * 2),
     Lever("engines_4", "4 engines on the GPU, prompts split", engines=("product",) * 4),
     Lever("combo", "the faster of engines_2/engines_4, with flat log-probs", engines=("product",) * 4, flat=True),

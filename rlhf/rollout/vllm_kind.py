@@ -43,7 +43,8 @@ class VLLMKind(EngineKind):
     # and output handling between steps); two engines generated 1.48x the tokens/s of one, four no
     # more than two (BENCHMARKS §10). In the RL loop (sleep, wake and the weight sync of both engines
     # beside the trainer, same trainer-vLLM mismatch): generation 1.41x and the step 1.24x at 0.5B,
-    # 1.21x and 1.10x at 1.5B. rlhf.plan.auto takes two only where the memory fits
+    # 1.21x and 1.10x at 1.5B; at 512 response tokens (0.5B) generation only 1.04x, the step 0.99x (not
+    # explained yet, BENCHMARKS §10). rlhf.plan.auto takes two only where the memory fits
     auto_engines_per_device = 2
 
     def death(self, error: str) -> str:

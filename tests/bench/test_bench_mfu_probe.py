@@ -117,13 +117,20 @@ def test_parent_skips_a_group_without_time(tiny, tmp_path):
         mp.main(ARGS + ["--variants", "warp_drive", "--out", str(tmp_path)])
 
 
-def test_a_child_past_its_limit_is_killed_and_reported(tiny, tmp_path):
+def test_a_child_past_its_limit_is_killed_and_reported(tiny, tmp_path, monkeypatch):
+    # a child that outlives any limit (a real probe child told "no time left" may print its skipped rows
+    # and exit within the 1-s floor of the wait on a fast machine: not what this tests)
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho started\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(mp.sys, "executable", str(fake))
     a = mp.parser().parse_args(ARGS + ["--model", tiny])
     t = time.time()
     got = mp.run_group("defaults", ["default", "ckpt"], 0.5, a, time.time() + 60, tmp_path)
     assert time.time() - t < 20
     assert [r["variant"] for r in got] == ["default", "ckpt"]
     assert all("killed at its time limit" in r["error"] and r["group"] == "defaults" for r in got)
+    assert "started" in got[-1]["tail"]
 
 
 @pytest.mark.slow
