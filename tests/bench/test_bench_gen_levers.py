@@ -287,7 +287,7 @@ def bench_engine(monkeypatch):
 def test_bench_engine(bench_engine):
     from rlhf.rollout.engine import Sampling
 
-    eng, mod = bench_engine
+    eng, _ = bench_engine
     assert eng.llm.kw["async_scheduling"] is False and eng.llm.kw["kv_cache_memory_bytes"] == 2 * gl.GiB
     out = eng.generate([[1, 2], [3]], Sampling(n=1, max_new_tokens=3))
     sp = eng.llm.params[-1]
