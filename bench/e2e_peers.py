@@ -74,6 +74,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--side-cap-s", type=float, default=420, help="most seconds one side may run")
     ap.add_argument("--report", action="store_true",
                     help="print the table of the sides kept in --work by earlier runs (side_<name>.json); run nothing")
+    ap.add_argument("--verl-fused", choices=("true", "false"), default="true",
+                    help="veRL's actor_rollout_ref.model.use_fused_kernels (its fused log-prob/entropy head; its "
+                         "docs' setting for speed)")
     ap.add_argument("--verl-extra", default="", help="more veRL hydra overrides (space separated)")
     ap.add_argument("--openrlhf-extra", default="", help="more OpenRLHF flags (space separated)")
     ap.add_argument("-h", "--help", action="store_true")
@@ -128,6 +131,27 @@ def capture_sizes() -> Optional[list[int]]:
 # ----------------------------------------------------------------------------- veRL
 
 
+def padded_tokenizer(model: str, out: Path) -> Path:
+    """The model's tokenizer with filler tokens appended up to the model's ``vocab_size``, saved in ``out``
+    (kept across calls). veRL masks vLLM's logits from ``len(tokenizer)`` up
+    (``verl/workers/rollout/vllm_rollout/utils.py``, no setting turns it off): with the bench's 585-token
+    tokenizer and a 151,936-row head its rollout would sample from 585 ids and report log-probs
+    ln(151936/585) = 5.56 above its trainer's (the twelfth session's "mismatch", BENCHMARKS §8). Padded,
+    the mask covers nothing and veRL samples the same distribution as the other sides; the ids of
+    every real token are unchanged."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    want = int(AutoConfig.from_pretrained(model).vocab_size)
+    if (out / "tokenizer_config.json").exists() and len(AutoTokenizer.from_pretrained(out)) == want:
+        return out
+    tok = AutoTokenizer.from_pretrained(model)
+    fill = want - len(tok)
+    if fill > 0:
+        tok.add_tokens([f"<|bench_fill_{i}|>" for i in range(fill)])
+    tok.save_pretrained(out)
+    return out
+
+
 def verl_overrides(a, model: str, data: str, work: Path) -> list[str]:
     n = base.total_steps(a)
     tokens = a.ours_tokens
@@ -144,6 +168,8 @@ def verl_overrides(a, model: str, data: str, work: Path) -> list[str]:
         "data.truncation=error",
         "data.shuffle=false",
         f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.tokenizer_path={work / 'verl_tokenizer'}",  # padded_tokenizer(model, ...)
+        f"actor_rollout_ref.model.use_fused_kernels={a.verl_fused}",
         "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "actor_rollout_ref.actor.strategy=fsdp2",
@@ -233,6 +259,7 @@ def verl_steps(log: Path, samples: int) -> list[dict]:
 def run_verl(a, model: str, rows: list[dict], work: Path, timeout: float, samples: int) -> dict:
     data = work / "verl_prompts.parquet"
     verl_parquet(rows, data)
+    padded_tokenizer(model, work / "verl_tokenizer")
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(a, model, str(data), work)]
     log = work / "verl.log"
     n = base.total_steps(a)

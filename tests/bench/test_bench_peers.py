@@ -151,3 +151,30 @@ def test_each_side_gets_the_same_workload(tmp_path):
         assert want in o, want
     assert "algo.kl.coef=0.001" in lines["ours"] and "rollout.max_response_tokens=512" in lines["ours"]
     assert "beta=0.001" in lines["trl"] and "max_completion_length=512" in lines["trl"]
+
+
+def test_verl_gets_the_fused_head_and_a_tokenizer_as_wide_as_the_model(tmp_path):
+    from transformers import AutoTokenizer
+
+    from bench.common import build_tokenizer
+
+    a = e2e_peers.parse_args([])
+    v = dict(line.split(": ", 1) for line in e2e_peers.settings_lines(a, "/m", "/p.jsonl", tmp_path))["verl"]
+    assert "actor_rollout_ref.model.use_fused_kernels=true" in v
+    assert f"actor_rollout_ref.model.tokenizer_path={tmp_path / 'verl_tokenizer'}" in v
+    assert "use_fused_kernels=false" in e2e_peers.settings_lines(
+        e2e_peers.parse_args(["--sides", "verl", "--verl-fused", "false"]), "/m", "/p", tmp_path)[0]
+
+    # a small model dir: a config of 700 rows and the bench's own (smaller) tokenizer
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2", "vocab_size": 700}')
+    small = build_tokenizer()
+    small.save_pretrained(model)
+    assert len(small) < 700
+    out = e2e_peers.padded_tokenizer(str(model), tmp_path / "tok")
+    wide, plain = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(model)  # as the sides load them
+    assert len(wide) == 700 and len(plain) == len(small)  # veRL's vLLM mask (from len(tokenizer) up) covers nothing
+    text = "the quick brown fox, 12 letters<|im_end|>"
+    assert wide(text)["input_ids"] == plain(text)["input_ids"]  # real tokens keep their ids
+    assert e2e_peers.padded_tokenizer(str(model), tmp_path / "tok") == out  # kept across calls
