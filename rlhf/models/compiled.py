@@ -11,12 +11,15 @@ BENCHMARKS §12). Liger's kernels must be off: dynamo cannot trace them inside a
 Applied after ``rlhf.models.varlen.use_varlen`` (the packed attention is part of the traced layer)
 and before DeepSpeed wraps the model; parameters and their names are unchanged, so DeepSpeed, the
 weight sync and checkpoints see the same model. A compilation that fails (dynamo, inductor or Triton
-raising at a layer's first call) warns once and every layer runs eagerly from then on; an error
-raised by the compiled backward cannot be caught so and ends the pass.
+raising at a layer's first call) warns once and every layer runs eagerly from then on. The compiled
+backward is built at the first backward, inside autograd, where no layer call can catch its failure:
+so the trained roles compile it before training (``warm_up``), on a copy of one layer, and a failure
+there turns the layers eager the same way.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from typing import Optional
@@ -61,6 +64,89 @@ def compile_layers(model, backend: Optional[str] = None) -> int:
     return len(layers)
 
 
+def backend_for(device: str) -> Optional[str]:
+    """inductor on CUDA; on CPU dynamo's and AOTAutograd's tracing only (``aot_eager``: inductor's C++
+    build would take minutes and gain nothing there)."""
+    return None if device == "cuda" else "aot_eager"
+
+
+def warm_up(model, device, dtype: torch.dtype, backend: Optional[str] = None, tokens: int = 24) -> bool:
+    """Compile the layers' training graphs, forward and backward, before training: one packed forward
+    and backward of ``tokens`` random hidden states (two sequences) through a copy of ``model``'s base
+    model holding a copy of its first layer, on ``device`` in ``dtype``, compiled like the layers. The
+    layers share their code and take their parameters as graph inputs, so the graphs built here are
+    the ones the first real pass finds; the copy shares no parameter with ``model`` (no gradient, no
+    DeepSpeed hook of the real model runs). If the copy's compiled pass fails where its eager pass
+    runs, every layer of ``model`` goes back to eager with one warning (what ``_guarded`` does for a
+    forward; a failing backward would otherwise end the first update). Returns whether the layers
+    still run compiled; a model whose base model this cannot copy is left as it is."""
+    from rlhf.models.varlen import no_mask
+
+    layers = decoder_layers(model)
+    if not layers or not compiled(model):
+        return compiled(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(base, "base_model", base)
+    lens = (tokens // 3, tokens - tokens // 3)
+    cu = torch.tensor([0, lens[0], tokens], dtype=torch.int32, device=device)
+    kw = dict(position_ids=torch.cat([torch.arange(n) for n in lens])[None].to(device), attention_mask=no_mask(device),
+              cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lens), max_length_k=max(lens), use_cache=False)
+
+    def fwd_bwd(shell, hidden) -> None:
+        x = hidden.clone().requires_grad_(True)
+        shell(inputs_embeds=x, **kw).last_hidden_state.float().square().mean().backward()
+
+    try:
+        shell = _copy_without_layers(body, layers[0], device, dtype)
+        # a generator of its own: the warm-up leaves the process's random state as it was
+        hidden = torch.randn(1, tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        hidden = hidden.to(device, dtype)
+        fwd_bwd(shell, hidden)  # eager: if this fails, the warm-up does not fit the model (not the compiler's fault)
+    except Exception as e:  # noqa: BLE001 - an unusual model: its first real pass compiles, as without a warm-up
+        log.info("model.compile_layers: no warm-up for %s (%s: %s)", type(body).__name__, type(e).__name__, e)
+        return True
+    first = shell.layers[0]
+    first.compile(dynamic=True, **({"backend": backend} if backend else {}))
+    try:
+        fwd_bwd(shell, hidden)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a dynamo/AOTAutograd/inductor failure, forward or backward
+        warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed before training "
+                      f"({_first_line(e)}); running them eagerly")
+        for layer in layers:
+            layer._compiled_call_impl = None
+        return False
+    return True
+
+
+def _copy_without_layers(body: torch.nn.Module, layer: torch.nn.Module, device, dtype: torch.dtype) -> torch.nn.Module:
+    """``body`` (a transformers base model) as a new module with one copy of ``layer`` as its layers,
+    copies of its other parts except the token embedding (the warm-up passes ``inputs_embeds``), on
+    ``device``, floating parameters in ``dtype``."""
+    shell = copy.copy(body)
+    shell._modules = {}
+    shell._parameters = {}
+    shell._buffers = dict(body._buffers)
+    for name, child in body._modules.items():
+        if child is None or isinstance(child, torch.nn.Embedding):
+            shell._modules[name] = None
+            continue
+        if isinstance(child, torch.nn.ModuleList) and any(m is layer for m in child):
+            one = copy.deepcopy(layer)
+            one._compiled_call_impl = None  # the copy's own compile follows (the original's is bound to it)
+            shell._modules[name] = torch.nn.ModuleList([one])
+        else:
+            shell._modules[name] = copy.deepcopy(child)
+    if body._parameters:
+        raise ValueError("parameters outside its sub-modules")
+    shell.to(device)
+    for p in shell.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    return shell
+
+
 def compiled(model) -> bool:
     """Whether ``model``'s decoder layers run compiled (none has fallen back to eager)."""
     layers = decoder_layers(model)
@@ -77,10 +163,15 @@ def _guarded(layer: torch.nn.Module, fn, layers: list[torch.nn.Module]):
         except torch.OutOfMemoryError:
             raise  # not a compilation problem: the eager layer would need the memory too
         except Exception as e:  # noqa: BLE001 - a dynamo/inductor/Triton failure must not stop training
-            warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); running them eagerly")
+            warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed ({_first_line(e)}); "
+                          "running them eagerly")
             for each in layers:
                 each._compiled_call_impl = None
             return layer._call_impl(*args, **kwargs)
 
     return call
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"

@@ -98,10 +98,9 @@ class ModelWorker(Worker):
         if self.spec.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         if self.spec.model.compile_layers:  # after varlen (traced with the layer), before DeepSpeed wraps it
-            from rlhf.models.compiled import compile_layers
+            from rlhf.models.compiled import backend_for, compile_layers
 
-            # CPU: dynamo's tracing only (inductor's C++ build would take minutes and gain nothing here)
-            compile_layers(model, backend=None if self.device == "cuda" else "aot_eager")
+            compile_layers(model, backend=backend_for(self.device))
         return model
 
     def torch_device(self):

@@ -186,3 +186,46 @@ def test_compiled_layers_match_eager_in_bf16():
     for n, ge in grads_eager.items():
         rel = ((grads_comp[n] - ge).norm() / ge.norm().clamp_min(1e-12)).item()
         assert rel < 5e-2, (n, rel)
+
+
+def test_warm_up_compiles_the_training_graphs_before_training():
+    """rlhf.models.compiled.warm_up as a trained worker runs it (TrainedWorker._initialize): the model
+    still in float32 on the host, a copy of one layer compiled in bf16 on the GPU with inductor, forward
+    and backward; then the real model on the GPU in bf16 (what DeepSpeed makes of it) finds those
+    graphs: its first packed forward + backward compiles nothing more."""
+    import time
+    import warnings
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from torch._dynamo.utils import counters
+
+    from rlhf.models.compiled import compile_layers, compiled, warm_up
+
+    torch._dynamo.reset()
+    torch.manual_seed(8)
+    cfg = Qwen2Config(vocab_size=4096, hidden_size=896, intermediate_size=4864, num_hidden_layers=4,
+                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                      attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(cfg).train()
+    use_varlen(model)
+    compile_layers(model)
+    counters.clear()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a compile failure would warn
+        assert warm_up(model, torch.device("cuda"), torch.bfloat16) is True
+    print(f"warm-up {time.perf_counter() - t0:.1f} s, graphs {dict(counters['stats'])}")
+    built = counters["stats"]["unique_graphs"]
+    assert built >= 1 and all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    model = model.cuda().bfloat16()
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(1, 4096, (int(n),), generator=g).tolist() for n in torch.randint(5, 60, (8,), generator=g)]
+    resps = [torch.randint(1, 4096, (int(n),), generator=g).tolist() for n in torch.randint(1, 200, (8,), generator=g)]
+    p = pack(collate(prompts, resps, pad_id=0, response_width=200), list(range(8)))
+    t0 = time.perf_counter()
+    hidden = model.model(**packed_kwargs(p, "cuda")).last_hidden_state[0]
+    lp, _ = logprobs_from_hidden(hidden[p["pred_index"].cuda()], model.lm_head, p["targets"].cuda())
+    lp.sum().backward()
+    torch.cuda.synchronize()
+    print(f"first real pass {time.perf_counter() - t0:.1f} s, graphs {dict(counters['stats'])}")
+    assert compiled(model) and counters["stats"]["unique_graphs"] == built, dict(counters["stats"])

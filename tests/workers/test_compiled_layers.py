@@ -125,3 +125,110 @@ def test_the_model_workers_compile_when_the_spec_says_so():
         w.spec, w.device = spec, "cpu"
         model = w.load()
         assert compiled(model) is expect
+
+
+def _fails_in_backward():
+    """A backend whose forward compiles and whose backward compiler raises: the failure a model's first
+    ``backward()`` would meet inside autograd, where no layer call can catch it."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def bw(gm, example_inputs):
+        raise RuntimeError("no code generator for this backward")
+
+    return aot_autograd(fw_compiler=lambda gm, example_inputs: gm, bw_compiler=bw)
+
+
+def _train_pass(model, seed: int):
+    model.zero_grad()
+    lp = _logprobs(model, _batch(seed))
+    lp.sum().backward()
+    return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_warm_up_builds_the_training_graphs_on_a_copy_and_leaves_the_model_alone():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # the graphs of the tests above would be found instead of built
+    eager = _tiny_qwen2(seed=6)
+    comp = copy.deepcopy(eager)
+    compile_layers(comp, backend="aot_eager")
+    before = [p.detach().clone() for p in comp.parameters()]
+    rng = torch.get_rng_state()
+    counters.clear()
+    from rlhf.models.compiled import warm_up
+
+    assert warm_up(comp, torch.device("cpu"), torch.float32, "aot_eager") is True
+    built = counters["stats"]["unique_graphs"]
+    assert built >= 1  # the forward graph was traced now, before any real pass
+    assert compiled(comp) and torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in comp.parameters())  # the copy's gradients stay in the copy
+    assert all(torch.equal(a, b) for a, b in zip(before, comp.parameters()))
+    ref, ref_g = _train_pass(eager, 7)
+    got, got_g = _train_pass(comp, 7)  # the real layers find the warm-up's graphs
+    assert counters["stats"]["unique_graphs"] == built, dict(counters["stats"])
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    for n in ref_g:
+        torch.testing.assert_close(got_g[n], ref_g[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_backward_that_fails_to_compile_is_caught_by_the_warm_up():
+    from rlhf.models.compiled import warm_up
+
+    torch._dynamo.reset()
+    eager = _tiny_qwen2(seed=8)
+    # without the warm-up the failure surfaces inside backward() and ends the pass
+    bare_model = copy.deepcopy(eager)
+    compile_layers(bare_model, backend=_fails_in_backward())
+    with pytest.raises(Exception, match="no code generator for this backward"):
+        _train_pass(bare_model, 9)
+
+    torch._dynamo.reset()
+    comp = copy.deepcopy(eager)
+    compile_layers(comp, backend=_fails_in_backward())
+    with pytest.warns(UserWarning, match="failed before training .*running them eagerly"):
+        assert warm_up(comp, torch.device("cpu"), torch.float32, _fails_in_backward()) is False
+    assert not compiled(comp)
+    ref, ref_g = _train_pass(eager, 9)
+    got, got_g = _train_pass(comp, 9)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    assert ref_g.keys() == got_g.keys() and all(torch.equal(got_g[n], ref_g[n]) for n in ref_g)
+
+
+def test_warm_up_leaves_a_model_it_cannot_copy_as_it_is():
+    from rlhf.models.compiled import warm_up
+
+    comp = _tiny_qwen2(seed=10)
+    compile_layers(comp, backend="aot_eager")
+    comp.model.register_parameter("stray", torch.nn.Parameter(torch.zeros(1)))  # outside any sub-module
+    assert warm_up(comp, torch.device("cpu"), torch.float32, "aot_eager") is True and compiled(comp)
+    assert warm_up(torch.nn.Linear(2, 2), torch.device("cpu"), torch.float32) is False  # no layers: nothing compiled
+
+
+def test_the_trained_roles_warm_up_before_deepspeed_wraps_the_model(monkeypatch):
+    import deepspeed
+
+    from rlhf.models import compiled as compiled_mod
+    from rlhf.workers.policy import PolicyWorker
+    from tests.helpers import planned_spec
+
+    order = []
+    monkeypatch.setattr(compiled_mod, "warm_up", lambda model, device, dtype, backend: order.append(
+        ("warm_up", str(device), dtype, backend)))
+
+    class Stop(Exception):
+        pass
+
+    def initialize(**kw):
+        order.append("deepspeed")
+        raise Stop
+
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    for value, expect in (("true", [("warm_up", "cpu", torch.float32, "aot_eager"), "deepspeed"]),
+                          ("false", ["deepspeed"])):
+        order.clear()
+        w = object.__new__(PolicyWorker)  # no __init__: only what _initialize reads
+        w.spec, w.device, w.world_size = planned_spec([f"model.compile_layers={value}"]), "cpu", 1
+        model = torch.nn.Linear(2, 2)
+        with pytest.raises(Stop):
+            w._initialize(model, list(model.parameters()), 1e-6, 0)
+        assert order == expect
