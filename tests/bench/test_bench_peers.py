@@ -147,7 +147,8 @@ def test_each_side_gets_the_same_workload(tmp_path):
         assert want in v, want
     for want in ("--rollout.batch_size 32", "--rollout.n_samples_per_prompt 8", "--train.batch_size 256",
                  "--rollout.max_new_tokens 512", "--actor.loss_agg_mode token-mean", "--algo.kl.init_coef 0.001",
-                 "--algo.kl.estimator k3", "--train.max_tokens_per_gpu 32768", "--ds.zero_stage 2"):
+                 "--algo.kl.estimator k3", "--train.max_tokens_per_gpu 32768", "--ds.zero_stage 2",
+                 "--vllm.enable_prefix_caching", "--ds.use_liger_kernel"):
         assert want in o, want
     assert "algo.kl.coef=0.001" in lines["ours"] and "rollout.max_response_tokens=512" in lines["ours"]
     assert "beta=0.001" in lines["trl"] and "max_completion_length=512" in lines["trl"]
