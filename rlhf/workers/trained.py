@@ -33,7 +33,7 @@ def _optimizer(spec: RunSpec, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
 
 
-def train_dtype(spec) -> torch.dtype:
+def train_dtype(spec: RunSpec) -> torch.dtype:
     """The dtype DeepSpeed runs the trained model's passes in (``ds_config``'s bf16 / fp16 switches)."""
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.model.dtype, torch.float32)
 
