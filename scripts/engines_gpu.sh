@@ -7,7 +7,8 @@
 # time/generate (median over steps 2..) and the engine-vs-trainer mismatch (mismatch/logp_abs_mean)
 # of each run with the first's.
 #
-#   bash scripts/engines_gpu.sh [PRESET]     # STEPS (default 6) sets train.steps; EXTRA_ARGS adds overrides
+#   bash scripts/engines_gpu.sh [PRESET]     # STEPS (default 6) sets train.steps; EXTRA_ARGS adds overrides;
+#                                            # RUNS_DIR (default /tmp/rlhf-gpu/runs) holds the run dirs
 #   VARIANTS="1n 2n 2" bash scripts/engines_gpu.sh   # runs in this order; N engines per GPU, "n": the
 #                                                    # logprobs nested as before flat_logprobs (bench.vllm_nested)
 set -uo pipefail
@@ -17,7 +18,7 @@ preset=${1:-qwen2.5-0.5b}
 model=/tmp/rlhf-gpu/models/$preset-random
 $PY -m bench.make_model "$preset" "$model" || exit 1
 source scripts/lib/plan_and_run.sh
-runs=/tmp/rlhf-gpu/runs
+runs=${RUNS_DIR:-/tmp/rlhf-gpu/runs}
 mkdir -p "$runs"
 rc=0
 dirs=()
