@@ -83,7 +83,7 @@ gen-levers-15b|1|560|$PY -m bench.gen_levers --preset qwen2.5-1.5b ${GEN_LEVERS_
 engines|1|570|bash scripts/engines_gpu.sh qwen2.5-0.5b
 engines-15b|1|570|bash scripts/engines_gpu.sh qwen2.5-1.5b
 engines-flat|1|570|VARIANTS="1n 2n 2" EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b
-engines-length|1|570|STEPS=5 bash scripts/engines_gpu.sh qwen2.5-0.5b; STEPS=5 EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b
+engines-length|1|570|STEPS=5 bash scripts/engines_gpu.sh qwen2.5-0.5b; a=$?; STEPS=5 EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b && exit $a
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
 grpo-hybrid2|both|330|bash scripts/grpo_gpu.sh hybrid2

@@ -109,9 +109,9 @@ def leftovers(since_actors: set, since_pgs: set) -> tuple[list, list]:
     leftovers; a failed run's hosts never go there (tests/launch/test_host_reuse.py)."""
     import ray
 
-    from rlhf.launch.pool import idle_actor_ids
+    from rlhf.launch.pool import idle_hosts
 
-    kept = idle_actor_ids()
+    kept = {h._actor_id.hex() for h in idle_hosts()}
     alive = [aid for aid, st in _actor_states().items()
              if st != "DEAD" and aid not in since_actors and aid not in kept]
     pgs = [pg_id for pg_id, info in ray.util.placement_group_table().items()

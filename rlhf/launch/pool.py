@@ -124,11 +124,6 @@ def give_back(spec: RunSpec, hosts: list) -> bool:
     return True
 
 
-def idle_actor_ids() -> set[str]:
-    """The Ray actor ids (hex) of the idle hosts: alive between runs on purpose."""
-    return {h._actor_id.hex() for h in idle_hosts()}
-
-
 def drain() -> int:
     """Kill every idle host (before this driver shuts Ray down); how many there were."""
     with _lock:

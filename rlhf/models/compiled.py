@@ -112,10 +112,7 @@ def warm_up(model, device, dtype: torch.dtype, backend: Optional[str] = None, to
     except torch.OutOfMemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - a dynamo/AOTAutograd/inductor failure, forward or backward
-        warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed before training "
-                      f"({_first_line(e)}); running them eagerly")
-        for layer in layers:
-            layer._compiled_call_impl = None
+        _run_eagerly(layers, e, " before training")
         return False
     return True
 
@@ -163,15 +160,17 @@ def _guarded(layer: torch.nn.Module, fn, layers: list[torch.nn.Module]):
         except torch.OutOfMemoryError:
             raise  # not a compilation problem: the eager layer would need the memory too
         except Exception as e:  # noqa: BLE001 - a dynamo/inductor/Triton failure must not stop training
-            warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed ({_first_line(e)}); "
-                          "running them eagerly")
-            for each in layers:
-                each._compiled_call_impl = None
+            _run_eagerly(layers, e)
             return layer._call_impl(*args, **kwargs)
 
     return call
 
 
-def _first_line(e: BaseException) -> str:
+def _run_eagerly(layers: list[torch.nn.Module], e: BaseException, when: str = "") -> None:
+    """Every layer back to its eager call (``nn.Module`` calls ``_call_impl`` when no compiled one is
+    set), with one warning naming the failure."""
     text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    warnings.warn(f"model.compile_layers: torch.compile of the decoder layers failed{when} ({type(e).__name__}: "
+                  f"{text.splitlines()[0][:200] if text else ''}); running them eagerly")
+    for layer in layers:
+        layer._compiled_call_impl = None

@@ -33,11 +33,6 @@ def _optimizer(spec: RunSpec, params, lr: float):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
 
 
-def train_dtype(spec: RunSpec) -> torch.dtype:
-    """The dtype DeepSpeed runs the trained model's passes in (``ds_config``'s bf16 / fp16 switches)."""
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.model.dtype, torch.float32)
-
-
 def _warmup(optimizer, warmup_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
@@ -55,10 +50,12 @@ class TrainedWorker(ModelWorker):
 
         if self.spec.model.compile_layers and self.spec.train.zero_stage < 3:
             # the compiled backward is built at the first backward, where its failure cannot be caught:
-            # build it now, on a copy of a layer in the training dtype (eager layers if it fails)
+            # build it now, on a copy of a layer in the dtype DeepSpeed will train in (ds_config's
+            # bf16/fp16 switch follow model.dtype); eager layers if it fails
             from rlhf.models.compiled import backend_for, warm_up
+            from rlhf.models.load import torch_dtype
 
-            warm_up(model, self.torch_device(), train_dtype(self.spec), backend_for(self.device))
+            warm_up(model, self.torch_device(), torch_dtype(self.spec.model.dtype), backend_for(self.device))
 
         opt = _optimizer(self.spec, params, lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
