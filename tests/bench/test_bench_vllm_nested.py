@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+
 import rlhf.rollout.vllm as rv
 from rlhf.rollout import registry
 from rlhf.rollout.vllm_kind import VLLMKind
 
 
-def test_nested_kind_is_vllm_with_nested_logprobs(monkeypatch):
+@pytest.fixture
+def own_registry(monkeypatch):
+    """The plugin registers into a copy of the registry, and its module is imported afresh: other
+    tests in this process see the engine names they expect (no vllm_nested)."""
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    monkeypatch.delitem(sys.modules, "bench.vllm_nested", raising=False)
+    yield
+    sys.modules.pop("bench.vllm_nested", None)
+
+
+def test_nested_kind_is_vllm_with_nested_logprobs(monkeypatch, own_registry):
     kind = registry.get("vllm_nested", ["bench.vllm_nested"])
     base = registry.get("vllm")
     assert isinstance(kind, VLLMKind) and kind.name == "vllm_nested" and base.name == "vllm"
@@ -22,3 +36,7 @@ def test_nested_kind_is_vllm_with_nested_logprobs(monkeypatch):
     base.create(None, None, "cuda", {})
     assert made[-1] == {}  # the product's kind leaves the default (flat) alone
     assert rv.EngineConfig(model_path="/m").flat_logprobs is True
+
+
+def test_the_registration_stays_in_its_test():
+    assert "vllm_nested" not in registry.names()
