@@ -71,6 +71,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="peers' micro-batches: by our token budget (--ours-tokens; their dynamic batch) or --micro samples")
     ap.add_argument("--peer-site", default=os.environ.get("PEER_SITE", "/tmp/peers/site"),
                     help="the peers' own site dir (installed there with --no-deps)")
+    ap.add_argument("--peer-tokens", type=int, default=0,
+                    help="the peers' token budget per micro-batch with --peer-batching tokens (0: --ours-tokens); "
+                         "OpenRLHF's LM head materializes fp32 logits, so at 1.5B it needs <= 16,384 where ours runs 32,768")
     ap.add_argument("--side-cap-s", type=float, default=420, help="most seconds one side may run")
     ap.add_argument("--report", action="store_true",
                     help="print the table of the sides kept in --work by earlier runs (side_<name>.json); run nothing")
@@ -96,6 +99,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- shared inputs
+
+
+def peer_tokens(a) -> int:
+    """The peers' micro-batch token budget: --peer-tokens, else ours."""
+    return a.peer_tokens or a.ours_tokens
+
+
+def this_call() -> dict:
+    """Where a side ran: one id per harness invocation, and the machine (host, boot id), so that a
+    --report over sides from separate calls says so instead of passing them off as one run."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return {"id": f"{os.getpid()}-{time.time_ns()}", "host": os.uname().nodename, "boot": boot}
+
+
+def calls_of(res: dict, sides: list[str]) -> int:
+    """How many separate calls the shown sides come from (a side saved without one counts as its own)."""
+    return len({json.dumps(res[s].get("call")) if res[s].get("call") else s for s in sides})
 
 
 def verl_parquet(rows: list[dict], path: Path) -> None:
@@ -154,7 +177,7 @@ def padded_tokenizer(model: str, out: Path) -> Path:
 
 def verl_overrides(a, model: str, data: str, work: Path) -> list[str]:
     n = base.total_steps(a)
-    tokens = a.ours_tokens
+    tokens = peer_tokens(a)
     ov = [
         "algorithm.adv_estimator=grpo",
         "algorithm.norm_adv_by_std_in_grpo=true",
@@ -317,8 +340,8 @@ def openrlhf_args(a, model: str, prompts_file: str, work: Path) -> list[str]:
     if a.sleep == "on":
         args.append("--vllm.enable_sleep")
     if a.peer_batching == "tokens":
-        args += ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(a.ours_tokens),
-                 "--rollout.max_tokens_per_gpu", str(a.ours_tokens)]
+        args += ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(peer_tokens(a)),
+                 "--rollout.max_tokens_per_gpu", str(peer_tokens(a))]
     if a.kl > 0:
         args += ["--algo.kl.init_coef", str(a.kl), "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
                  "--train.colocate_actor_ref"]
@@ -395,11 +418,13 @@ def report(a, res: dict) -> str:
     sides = [s for s in a.sides if res.get(s)]
     summ = {s: res[s].get("summary", {}) for s in sides}
     o = summ.get("ours", {})
+    n_calls = calls_of(res, sides)
+    where = "side by side on one GPU" if n_calls <= 1 else f"from {n_calls} separate calls (not one run)"
     lines = [
-        f"e2e GRPO step, side by side on one GPU: {a.preset} random, {a.prompts_per_step} prompts x {a.group}, "
+        f"e2e GRPO step, {where}: {a.preset} random, {a.prompts_per_step} prompts x {a.group}, "
         f"<= {a.max_new} new tokens, KL {a.kl:g}, lr {a.lr:g}, sleep {a.sleep}, vLLM gpu util {a.gpu_util}; "
         f"micro-batches: ours <= {a.ours_tokens} tokens, peers {a.peer_batching} "
-        f"({'<= %d tokens' % a.ours_tokens if a.peer_batching == 'tokens' else '%d samples' % a.micro}), TRL {a.micro} "
+        f"({'<= %d tokens' % peer_tokens(a) if a.peer_batching == 'tokens' else '%d samples' % a.micro}), TRL {a.micro} "
         f"samples; mean of steps {a.warmup + 1}..{base.total_steps(a)} ({a.warmup} warm-up)",
         "| phase (s) | " + " | ".join(LABEL[s] for s in sides) + " |",
         "| --- |" + " --- |" * len(sides),
@@ -423,7 +448,8 @@ def report(a, res: dict) -> str:
         if s in sides and o.get("step") and summ[s].get("step"):
             r = summ[s]["step"] / o["step"]
             lines.append(f"speed-up vs {LABEL[s]} (its step / ours, mean): {r:.2f} "
-                         f"(goal >= {GOAL_PEERS:g}: {'met' if r >= GOAL_PEERS else 'not met'})")
+                         f"(goal >= {GOAL_PEERS:g}: {'met' if r >= GOAL_PEERS else 'not met'}"
+                         f"{'' if n_calls <= 1 else '; across calls, not a one-run ratio'})")
     return "\n".join(lines)
 
 
@@ -472,6 +498,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for line in settings_lines(a, model, str(prompts_file), work):
         say("settings " + line)
     samples = a.prompts_per_step * a.group
+    call = this_call()
     res: dict[str, dict] = {}
     for i, side in enumerate(a.sides):
         left = deadline - time.time() - 15
@@ -490,6 +517,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             res[side] = run_verl(a, model, rows, work, share, samples)
         else:
             res[side] = run_openrlhf(a, model, str(prompts_file), work, share, samples)
+        res[side]["call"] = call
         say(f"[{side}] {res[side].get('status')}")
         (work / f"side_{side}.json").write_text(json.dumps(res[side], default=str))
     table = report(a, res)

@@ -127,12 +127,33 @@ def test_report_gives_each_peer_its_ratio_to_ours():
     a = e2e_peers.parse_args(["--sides", "openrlhf,ours", "--warmup", "0", "--steps", "1"])
     row = dict(generate=1.0, sync=0.1, reward=0.0, logp=0.2, update=0.5, other=0.2, step_s=2.0,
                tokens=100.0, mean_len=10.0, truncated=0.0)
-    res = {"ours": {"status": "ok, 1 steps", "summary": e2e_peers.base.summarize([row], 0)},
-           "openrlhf": {"status": "ok, 1 steps",
+    call = {"id": "1-2", "host": "h", "boot": "b"}
+    res = {"ours": {"status": "ok, 1 steps", "summary": e2e_peers.base.summarize([row], 0), "call": call},
+           "openrlhf": {"status": "ok, 1 steps", "call": call,
                         "summary": e2e_peers.base.summarize([dict(row, step_s=3.0, generate=2.0)], 0)}}
     out = e2e_peers.report(a, res)
     assert "| **step** | 3.00 | 2.00 |" in out
+    assert out.startswith("e2e GRPO step, side by side on one GPU:")
     assert "speed-up vs OpenRLHF (its step / ours, mean): 1.50 (goal >= 1.3: met)" in out
+
+    # sides kept from separate calls (or saved before calls were recorded) are not passed off as one run
+    res["openrlhf"]["call"] = dict(call, id="3-4")
+    out = e2e_peers.report(a, res)
+    assert out.startswith("e2e GRPO step, from 2 separate calls (not one run):")
+    assert "1.50 (goal >= 1.3: met; across calls, not a one-run ratio)" in out
+    del res["openrlhf"]["call"], res["ours"]["call"]
+    assert "from 2 separate calls" in e2e_peers.report(a, res)
+
+
+def test_peer_tokens_set_the_peers_budget_apart_from_ours(tmp_path):
+    a = e2e_peers.parse_args(["--ours-tokens", "32768", "--peer-tokens", "16384"])
+    lines = dict(line.split(": ", 1) for line in e2e_peers.settings_lines(a, "/m", "/p.jsonl", tmp_path))
+    assert "train.max_tokens_per_micro_batch=32768" in lines["ours"]
+    assert "--train.max_tokens_per_gpu 16384 --rollout.max_tokens_per_gpu 16384" in lines["openrlhf"]
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" in lines["verl"]
+    assert "peers tokens (<= 16384 tokens)" in e2e_peers.report(a, {})
+    b = e2e_peers.parse_args([])  # default: the peers get our budget
+    assert e2e_peers.peer_tokens(b) == b.ours_tokens == 32768
 
 
 def test_each_side_gets_the_same_workload(tmp_path):
