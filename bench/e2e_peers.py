@@ -92,6 +92,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for k, v in vars(own).items():
         setattr(a, k.replace("-", "_"), v)
     a.sides = [s for s in own.sides.split(",") if s]
+    if own.peer_tokens < 0:
+        ap.error(f"--peer-tokens {own.peer_tokens}: give a token budget > 0, or 0 for --ours-tokens")
     bad = [s for s in a.sides if s not in SIDES]
     if bad:
         ap.error(f"--sides: unknown {bad}; use {','.join(SIDES)}")
@@ -118,7 +120,7 @@ def this_call() -> dict:
 
 def calls_of(res: dict, sides: list[str]) -> int:
     """How many separate calls the shown sides come from (a side saved without one counts as its own)."""
-    return len({json.dumps(res[s].get("call")) if res[s].get("call") else s for s in sides})
+    return len({(res[s].get("call") or {}).get("id") or s for s in sides})
 
 
 def verl_parquet(rows: list[dict], path: Path) -> None:

@@ -156,6 +156,13 @@ def test_peer_tokens_set_the_peers_budget_apart_from_ours(tmp_path):
     assert e2e_peers.peer_tokens(b) == b.ours_tokens == 32768
 
 
+def test_negative_peer_tokens_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        e2e_peers.parse_args(["--peer-tokens", "-5"])
+    assert e.value.code != 0
+    assert "--peer-tokens -5: give a token budget > 0, or 0 for --ours-tokens" in capsys.readouterr().err
+
+
 def test_each_side_gets_the_same_workload(tmp_path):
     a = e2e_peers.parse_args(["--kl", "0.001", "--max-new", "512"])
     lines = dict(line.split(": ", 1) for line in e2e_peers.settings_lines(a, "/m", "/p.jsonl", tmp_path))
