@@ -118,6 +118,16 @@ def this_call() -> dict:
     return {"id": f"{os.getpid()}-{time.time_ns()}", "host": os.uname().nodename, "boot": boot}
 
 
+def micro_batch(a, side: str) -> str:
+    """What bounds a side's micro-batches in this call (recorded with the side: a --report over sides
+    from separate calls prints each side's own, not the reporting call's)."""
+    if side == "ours":
+        return f"<= {a.ours_tokens} tokens"
+    if side == "trl" or a.peer_batching != "tokens":
+        return f"{a.micro} samples"
+    return f"<= {peer_tokens(a)} tokens"
+
+
 def calls_of(res: dict, sides: list[str]) -> int:
     """How many separate calls the shown sides come from (a side saved without one counts as its own)."""
     return len({(res[s].get("call") or {}).get("id") or s for s in sides})
@@ -422,12 +432,16 @@ def report(a, res: dict) -> str:
     o = summ.get("ours", {})
     n_calls = calls_of(res, sides)
     where = "side by side on one GPU" if n_calls <= 1 else f"from {n_calls} separate calls (not one run)"
+    if sides and all(res[s].get("micro_batch") for s in sides):  # each side's own call's setting
+        batches = ", ".join(f"{LABEL[s]} {res[s]['micro_batch']}" for s in sides)
+    else:
+        batches = (f"ours <= {a.ours_tokens} tokens, peers {a.peer_batching} "
+                   f"({'<= %d tokens' % peer_tokens(a) if a.peer_batching == 'tokens' else '%d samples' % a.micro}), "
+                   f"TRL {a.micro} samples")
     lines = [
         f"e2e GRPO step, {where}: {a.preset} random, {a.prompts_per_step} prompts x {a.group}, "
         f"<= {a.max_new} new tokens, KL {a.kl:g}, lr {a.lr:g}, sleep {a.sleep}, vLLM gpu util {a.gpu_util}; "
-        f"micro-batches: ours <= {a.ours_tokens} tokens, peers {a.peer_batching} "
-        f"({'<= %d tokens' % peer_tokens(a) if a.peer_batching == 'tokens' else '%d samples' % a.micro}), TRL {a.micro} "
-        f"samples; mean of steps {a.warmup + 1}..{base.total_steps(a)} ({a.warmup} warm-up)",
+        f"micro-batches: {batches}; mean of steps {a.warmup + 1}..{base.total_steps(a)} ({a.warmup} warm-up)",
         "| phase (s) | " + " | ".join(LABEL[s] for s in sides) + " |",
         "| --- |" + " --- |" * len(sides),
     ]
@@ -520,6 +534,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             res[side] = run_openrlhf(a, model, str(prompts_file), work, share, samples)
         res[side]["call"] = call
+        res[side]["micro_batch"] = micro_batch(a, side)
         say(f"[{side}] {res[side].get('status')}")
         (work / f"side_{side}.json").write_text(json.dumps(res[side], default=str))
     table = report(a, res)

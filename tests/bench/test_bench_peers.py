@@ -156,6 +156,20 @@ def test_peer_tokens_set_the_peers_budget_apart_from_ours(tmp_path):
     assert e2e_peers.peer_tokens(b) == b.ours_tokens == 32768
 
 
+def test_a_report_over_separate_calls_prints_each_sides_own_micro_batch():
+    """OpenRLHF ran at --peer-tokens 16384 in its own call, veRL and ours at 32768 in theirs: the
+    --report call (no --peer-tokens) must print what each side ran with, not its own arguments."""
+    ran = {"ours": e2e_peers.parse_args([]), "verl": e2e_peers.parse_args([]),
+           "openrlhf": e2e_peers.parse_args(["--peer-tokens", "16384"])}
+    row = dict(generate=1.0, sync=0.1, reward=0.0, logp=0.2, update=0.5, other=0.2, step_s=2.0,
+               tokens=100.0, mean_len=10.0, truncated=0.0)
+    res = {s: {"status": "ok", "summary": e2e_peers.base.summarize([row], 0), "call": {"id": s},
+               "micro_batch": e2e_peers.micro_batch(args, s)} for s, args in ran.items()}
+    out = e2e_peers.report(e2e_peers.parse_args(["--sides", "ours,verl,openrlhf"]), res)
+    assert "micro-batches: ours <= 32768 tokens, veRL <= 32768 tokens, OpenRLHF <= 16384 tokens;" in out, out
+    assert e2e_peers.micro_batch(e2e_peers.parse_args([]), "trl").endswith(" samples")
+
+
 def test_negative_peer_tokens_is_one_clear_error(capsys):
     with pytest.raises(SystemExit) as e:
         e2e_peers.parse_args(["--peer-tokens", "-5"])
