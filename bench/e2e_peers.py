@@ -122,7 +122,7 @@ def micro_batch(a, side: str) -> str:
     """What bounds a side's micro-batches in this call (recorded with the side: a --report over sides
     from separate calls prints each side's own, not the reporting call's)."""
     if side == "ours":
-        return f"<= {a.ours_tokens} tokens"
+        return f"<= {a.ours_tokens} tokens" if a.ours_tokens else "the plan's token budget"
     if side == "trl" or a.peer_batching != "tokens":
         return f"{a.micro} samples"
     return f"<= {peer_tokens(a)} tokens"

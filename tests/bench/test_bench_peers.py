@@ -168,6 +168,7 @@ def test_a_report_over_separate_calls_prints_each_sides_own_micro_batch():
     out = e2e_peers.report(e2e_peers.parse_args(["--sides", "ours,verl,openrlhf"]), res)
     assert "micro-batches: ours <= 32768 tokens, veRL <= 32768 tokens, OpenRLHF <= 16384 tokens;" in out, out
     assert e2e_peers.micro_batch(e2e_peers.parse_args([]), "trl").endswith(" samples")
+    assert e2e_peers.micro_batch(e2e_peers.parse_args(["--ours-tokens", "0"]), "ours") == "the plan's token budget"
 
 
 def test_negative_peer_tokens_is_one_clear_error(capsys):
