@@ -94,6 +94,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     a.sides = [s for s in own.sides.split(",") if s]
     if own.peer_tokens < 0:
         ap.error(f"--peer-tokens {own.peer_tokens}: give a token budget > 0, or 0 for --ours-tokens")
+    if a.peer_batching == "tokens" and not peer_tokens(a) and {"verl", "openrlhf"} & set(a.sides):
+        ap.error("--ours-tokens 0 leaves the peers no token budget: give --peer-tokens N, or --peer-batching samples")
     bad = [s for s in a.sides if s not in SIDES]
     if bad:
         ap.error(f"--sides: unknown {bad}; use {','.join(SIDES)}")
@@ -432,12 +434,8 @@ def report(a, res: dict) -> str:
     o = summ.get("ours", {})
     n_calls = calls_of(res, sides)
     where = "side by side on one GPU" if n_calls <= 1 else f"from {n_calls} separate calls (not one run)"
-    if sides and all(res[s].get("micro_batch") for s in sides):  # each side's own call's setting
-        batches = ", ".join(f"{LABEL[s]} {res[s]['micro_batch']}" for s in sides)
-    else:
-        batches = (f"ours <= {a.ours_tokens} tokens, peers {a.peer_batching} "
-                   f"({'<= %d tokens' % peer_tokens(a) if a.peer_batching == 'tokens' else '%d samples' % a.micro}), "
-                   f"TRL {a.micro} samples")
+    # each side's own call's setting; a side saved before sides recorded it: this call's arguments
+    batches = ", ".join(f"{LABEL[s]} {res[s].get('micro_batch') or micro_batch(a, s)}" for s in sides)
     lines = [
         f"e2e GRPO step, {where}: {a.preset} random, {a.prompts_per_step} prompts x {a.group}, "
         f"<= {a.max_new} new tokens, KL {a.kl:g}, lr {a.lr:g}, sleep {a.sleep}, vLLM gpu util {a.gpu_util}; "

@@ -151,7 +151,7 @@ def test_peer_tokens_set_the_peers_budget_apart_from_ours(tmp_path):
     assert "train.max_tokens_per_micro_batch=32768" in lines["ours"]
     assert "--train.max_tokens_per_gpu 16384 --rollout.max_tokens_per_gpu 16384" in lines["openrlhf"]
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384" in lines["verl"]
-    assert "peers tokens (<= 16384 tokens)" in e2e_peers.report(a, {})
+    assert e2e_peers.micro_batch(a, "openrlhf") == e2e_peers.micro_batch(a, "verl") == "<= 16384 tokens"
     b = e2e_peers.parse_args([])  # default: the peers get our budget
     assert e2e_peers.peer_tokens(b) == b.ours_tokens == 32768
 
@@ -168,7 +168,12 @@ def test_a_report_over_separate_calls_prints_each_sides_own_micro_batch():
     out = e2e_peers.report(e2e_peers.parse_args(["--sides", "ours,verl,openrlhf"]), res)
     assert "micro-batches: ours <= 32768 tokens, veRL <= 32768 tokens, OpenRLHF <= 16384 tokens;" in out, out
     assert e2e_peers.micro_batch(e2e_peers.parse_args([]), "trl").endswith(" samples")
-    assert e2e_peers.micro_batch(e2e_peers.parse_args(["--ours-tokens", "0"]), "ours") == "the plan's token budget"
+    zero = e2e_peers.parse_args(["--ours-tokens", "0", "--peer-tokens", "16384"])
+    assert e2e_peers.micro_batch(zero, "ours") == "the plan's token budget"
+    # a side file saved before sides recorded their budget: the reporting call's arguments for it
+    del res["verl"]["micro_batch"]
+    out = e2e_peers.report(e2e_peers.parse_args(["--sides", "ours,verl", "--peer-tokens", "8192"]), res)
+    assert "micro-batches: ours <= 32768 tokens, veRL <= 8192 tokens;" in out, out
 
 
 def test_negative_peer_tokens_is_one_clear_error(capsys):
@@ -176,6 +181,11 @@ def test_negative_peer_tokens_is_one_clear_error(capsys):
         e2e_peers.parse_args(["--peer-tokens", "-5"])
     assert e.value.code != 0
     assert "--peer-tokens -5: give a token budget > 0, or 0 for --ours-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the plan's budget for ours leaves the peers none to copy
+        e2e_peers.parse_args(["--ours-tokens", "0"])
+    assert "--ours-tokens 0 leaves the peers no token budget: give --peer-tokens N" in capsys.readouterr().err
+    assert e2e_peers.parse_args(["--ours-tokens", "0", "--peer-batching", "samples"]).ours_tokens == 0
+    assert e2e_peers.parse_args(["--ours-tokens", "0", "--sides", "ours"]).ours_tokens == 0  # no peer to budget
 
 
 def test_each_side_gets_the_same_workload(tmp_path):
