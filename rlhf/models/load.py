@@ -157,12 +157,15 @@ def check_checkpoint(p: Path, shown: str) -> None:
 
 
 def skip_sklearn() -> None:
-    """transformers' auto classes import scikit-learn (~4 s) for assisted generation, which no
-    process of ours uses: hidden before the first load, in the driver and in every worker."""
+    """transformers' auto classes import scikit-learn (~2-4 s) for assisted generation, and its
+    losses ``scipy.optimize`` (~0.4 s) for object detection, neither of which any process of ours
+    uses: hidden from transformers (not from user code) before the first load or build of a model,
+    in the driver and in every worker."""
     try:
         import transformers.utils as tu
 
         tu.is_sklearn_available = lambda: False
+        tu.is_scipy_available = lambda: False
     except ImportError:  # pragma: no cover
         pass
 

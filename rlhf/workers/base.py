@@ -41,7 +41,8 @@ def skip_unused_imports() -> None:
     """Worker processes use neither MLflow nor scikit-learn nor SciPy, but importing DeepSpeed imports
     MLflow when it is installed (its autotuner, ~4 s of CPU), transformers imports scikit-learn for
     assisted generation (~5 s) and, with every model, ``scipy.optimize`` for its object-detection
-    losses (~0.4 s). Hide them before either library loads: every actor starts faster."""
+    losses (~0.4 s; both hidden by ``rlhf.models.load.skip_sklearn``). Hide them before either library
+    loads: every actor starts faster."""
     import sys
 
     if "mlflow" not in sys.modules:
@@ -49,12 +50,6 @@ def skip_unused_imports() -> None:
     from rlhf.models.load import skip_sklearn
 
     skip_sklearn()
-    try:  # transformers.loss imports scipy.optimize when this says it is installed
-        import transformers.utils as tu
-
-        tu.is_scipy_available = lambda: False
-    except ImportError:  # pragma: no cover
-        pass
     try:  # "Loading weights" / "Writing model shards" bars from every worker would drown the console
         import transformers.utils.logging as hf_logging
 

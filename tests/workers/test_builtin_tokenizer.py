@@ -57,3 +57,20 @@ def test_loading_a_builtin_tokenizer_imports_no_auto_classes(rlhf_cache):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_building_a_builtin_model_imports_neither_sklearn_nor_scipy(tmp_path):
+    """A first run's driver builds builtin:tiny (``rlhf.models.builtin._write_tiny``): transformers'
+    model classes would import scikit-learn and ``scipy.optimize`` when installed (1.5-5 s), for
+    nothing any process of ours uses (``rlhf.models.load.skip_sklearn``)."""
+    pytest.importorskip("sklearn")
+    code = ("import sys; from tests.helpers import make_spec; from rlhf.models.builtin import builtin_model_dir; "
+            "d = builtin_model_dir('tiny', make_spec([], '/tmp/unused').model); "
+            "assert (d / 'config.json').exists(); "
+            "print(sorted(m for m in sys.modules if m in ('sklearn', 'scipy.optimize')))")
+    from rlhf.launch.group import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RLHF_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
