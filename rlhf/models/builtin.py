@@ -115,9 +115,6 @@ def hf_shape(arch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write_tiny(folder: Path, arch: dict) -> None:
-    from rlhf.models.load import skip_sklearn
-
-    skip_sklearn()  # a first run's driver builds the model: 1.5-5 s less of imports
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -46,6 +46,7 @@ def resolve_model(path: str, model_spec: Optional[ModelSpec] = None, *, revision
     if path.startswith("builtin:"):
         from rlhf.models.builtin import builtin_model_dir
 
+        skip_sklearn()  # a first run's driver builds the model: 1.5-5 s less of transformers' imports
         return ResolvedModel(path=str(builtin_model_dir(path.split(":", 1)[1], model_spec)))
     p = Path(path).expanduser()
     if p.exists() or not is_repo_id(path):

@@ -60,13 +60,13 @@ def test_loading_a_builtin_tokenizer_imports_no_auto_classes(rlhf_cache):
 
 
 def test_building_a_builtin_model_imports_neither_sklearn_nor_scipy(tmp_path):
-    """A first run's driver builds builtin:tiny (``rlhf.models.builtin._write_tiny``): transformers'
-    model classes would import scikit-learn and ``scipy.optimize`` when installed (1.5-5 s), for
+    """A first run's driver builds builtin:tiny (``resolve_model_path``, as the preflight calls it):
+    transformers' model classes would import scikit-learn and ``scipy.optimize`` when installed (1.5-5 s), for
     nothing any process of ours uses (``rlhf.models.load.skip_sklearn``)."""
     pytest.importorskip("sklearn")
-    code = ("import sys; from tests.helpers import make_spec; from rlhf.models.builtin import builtin_model_dir; "
-            "d = builtin_model_dir('tiny', make_spec([], '/tmp/unused').model); "
-            "assert (d / 'config.json').exists(); "
+    code = ("import sys, pathlib; from tests.helpers import make_spec; from rlhf.models import resolve_model_path; "
+            "d = resolve_model_path('builtin:tiny', make_spec([], '/tmp/unused').model); "
+            "assert (pathlib.Path(d) / 'config.json').exists(); "
             "print(sorted(m for m in sys.modules if m in ('sklearn', 'scipy.optimize')))")
     from rlhf.launch.group import REPO_ROOT
 
