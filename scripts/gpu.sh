@@ -15,6 +15,8 @@
 # engines, engines-15b (BENCHMARKS.md §10): the GRPO recipe at engines_per_device=1 then 2, one call each (~8 min).
 # engines-flat (BENCHMARKS.md §10): the same at 512 response tokens, three runs: one engine and two with the
 #   logprobs nested as before (bench.vllm_nested), then two with the flat logprobs (the default since).
+# engines-512: issue 33's generation line itself, in a shorter call than engines-flat: one engine with the log-probs
+#   nested (the code when the issue was filed) against the defaults (two engines, flat log-probs), 512 tokens.
 # engines-length: one engine against two at 256 then 512 response tokens on one machine (their gain fell from
 #   1.41x to 1.04x between two sessions' calls: the length, or the machine?).
 # mfu-probe (BENCHMARKS.md §12): the actor update's MFU at 0.5B, variant by variant, in < 390 s (its own budget).
@@ -83,6 +85,7 @@ gen-levers-15b|1|560|$PY -m bench.gen_levers --preset qwen2.5-1.5b ${GEN_LEVERS_
 engines|1|570|bash scripts/engines_gpu.sh qwen2.5-0.5b
 engines-15b|1|570|bash scripts/engines_gpu.sh qwen2.5-1.5b
 engines-flat|1|570|VARIANTS="1n 2n 2" EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b
+engines-512|1|420|VARIANTS="1n 2" STEPS=5 EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b
 engines-length|1|570|STEPS=5 bash scripts/engines_gpu.sh qwen2.5-0.5b; a=$?; STEPS=5 EXTRA_ARGS="rollout.max_response_tokens=512" bash scripts/engines_gpu.sh qwen2.5-0.5b && exit $a
 tests-nccl|both|240|$PYTEST tests/gpu/test_vllm_nccl.py
 grpo-disagg|both|330|bash scripts/grpo_gpu.sh disaggregated
