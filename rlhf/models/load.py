@@ -46,7 +46,7 @@ def resolve_model(path: str, model_spec: Optional[ModelSpec] = None, *, revision
     if path.startswith("builtin:"):
         from rlhf.models.builtin import builtin_model_dir
 
-        skip_sklearn()  # a first run's driver builds the model: 1.5-5 s less of transformers' imports
+        skip_sklearn_and_scipy()  # a first run's driver builds the model: 1.5-5 s less of transformers' imports
         return ResolvedModel(path=str(builtin_model_dir(path.split(":", 1)[1], model_spec)))
     p = Path(path).expanduser()
     if p.exists() or not is_repo_id(path):
@@ -157,7 +157,7 @@ def check_checkpoint(p: Path, shown: str) -> None:
     )
 
 
-def skip_sklearn() -> None:
+def skip_sklearn_and_scipy() -> None:
     """transformers' auto classes import scikit-learn (~2-4 s) for assisted generation, and its
     losses ``scipy.optimize`` (~0.4 s) for object detection, neither of which any process of ours
     uses: hidden from transformers (not from user code) before the first load or build of a model,
@@ -191,7 +191,7 @@ def _builtin_tokenizer(path: str) -> bool:
 
 
 def load_tokenizer(path: str):
-    skip_sklearn()
+    skip_sklearn_and_scipy()
     if _builtin_tokenizer(path):
         from transformers import TokenizersBackend as AutoTokenizer
     else:
@@ -207,7 +207,7 @@ def load_tokenizer(path: str):
 
 
 def load_model(path: str, kind: str = "causal_lm", dtype: str = "float32", pad_token_id: int | None = None):
-    skip_sklearn()
+    skip_sklearn_and_scipy()
     import transformers
 
     if kind not in KINDS:

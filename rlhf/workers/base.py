@@ -41,15 +41,15 @@ def skip_unused_imports() -> None:
     """Worker processes use neither MLflow nor scikit-learn nor SciPy, but importing DeepSpeed imports
     MLflow when it is installed (its autotuner, ~4 s of CPU), transformers imports scikit-learn for
     assisted generation (~5 s) and, with every model, ``scipy.optimize`` for its object-detection
-    losses (~0.4 s; both hidden by ``rlhf.models.load.skip_sklearn``). Hide them before either library
+    losses (~0.4 s; both hidden by ``rlhf.models.load.skip_sklearn_and_scipy``). Hide them before either library
     loads: every actor starts faster."""
     import sys
 
     if "mlflow" not in sys.modules:
         sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
-    from rlhf.models.load import skip_sklearn
+    from rlhf.models.load import skip_sklearn_and_scipy
 
-    skip_sklearn()
+    skip_sklearn_and_scipy()
     try:  # "Loading weights" / "Writing model shards" bars from every worker would drown the console
         import transformers.utils.logging as hf_logging
 

@@ -1,5 +1,6 @@
 """load_tokenizer's short path for the built-in models (rlhf.models.load._builtin_tokenizer): the
-same tokenizer AutoTokenizer builds, without importing transformers.models.auto in the driver."""
+same tokenizer AutoTokenizer builds, without importing transformers.models.auto in the driver; and
+building a built-in model without transformers' optional imports."""
 
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ def test_loading_a_builtin_tokenizer_imports_no_auto_classes(rlhf_cache):
 
 def test_building_a_builtin_model_imports_neither_sklearn_nor_scipy(tmp_path):
     """A first run's driver builds builtin:tiny (``resolve_model_path``, as the preflight calls it):
-    transformers' model classes would import scikit-learn and ``scipy.optimize`` when installed (1.5-5 s), for
-    nothing any process of ours uses (``rlhf.models.load.skip_sklearn``)."""
+    transformers' model classes would import scikit-learn and ``scipy.optimize`` when installed
+    (1.5-5 s), for nothing any process of ours uses (``rlhf.models.load.skip_sklearn_and_scipy``)."""
     pytest.importorskip("sklearn")
     code = ("import sys, pathlib; from tests.helpers import make_spec; from rlhf.models import resolve_model_path; "
             "d = resolve_model_path('builtin:tiny', make_spec([], '/tmp/unused').model); "
