@@ -2,7 +2,8 @@
 
     python -m bench.async_report /tmp/rlhf-gpu/runs/grpo-hybrid-async0 /tmp/rlhf-gpu/runs/grpo-hybrid-async1
 
-For each run dir: the median over steps 2.. of the step and its phases, the async figures
+For each run dir: the median over steps 2.. of the step and its phases (for ``time/generate`` also
+each of those steps' figure and their mean), the async figures
 (``async/overlap_s``: the part of the prefetched generation hidden behind the update), the plan's
 phase figures and the larger of them (``<dir>.plan.txt``, what ``--plan`` printed) against the GPU's measured peak
 (``<dir>.smi``: nvidia-smi's memory.used in MiB every 0.5 s, every process on the GPU), and the
@@ -49,6 +50,11 @@ def summary(run: Path) -> dict:
         vals = [r[k] for r in steady if k in r]
         if vals:
             out[k] = statistics.median(vals)
+    # how steady the phase that the engine comparisons rest on was: every step's figure and their mean
+    gen = [r["time/generate"] for r in steady if "time/generate" in r]
+    if gen:
+        out["time/generate_steps"] = gen
+        out["time/generate_mean"] = statistics.fmean(gen)
     plan = planned_gb(Path(f"{run}.plan.txt"))
     out["plan_training_phase_gb"] = plan.get("training phase")
     out["plan_generation_phase_gb"] = plan.get("generation phase")
@@ -61,13 +67,21 @@ def summary(run: Path) -> dict:
     return out
 
 
+def _shown(k: str, v) -> str:
+    if isinstance(v, float):
+        return f"{k}={v:.4g}"
+    if isinstance(v, list):
+        return f"{k}=[" + ", ".join(f"{x:.3g}" for x in v) + "]"
+    return f"{k}={v}"
+
+
 def summarize_runs(runs: list[Path], prefix: str) -> tuple[dict, bool]:
     """``summary`` of each run dir, printed and recorded as ``<prefix>_<name>``; ok: every run has steps."""
     results = {}
     for run in runs:
         s = summary(run)
         results[run.name] = s
-        print(f"{run.name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
+        print(f"{run.name}: " + ", ".join(_shown(k, v) for k, v in s.items()))
         record(f"{prefix}_{run.name}", **s)
     return results, bool(results) and all(s["steps"] > 0 for s in results.values())
 

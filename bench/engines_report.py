@@ -5,7 +5,8 @@
 For each run dir the figures of ``bench.async_report.summary`` (medians over steps 2.. of the step,
 its phases and ``mismatch/logp_abs_mean``; the plan's phase figures against the GPU's measured peak),
 one ``RESULT`` row each; then each later run against the first: its generation speed-up
-(``time/generate`` of the first / of it: the acceptance of issue 33 item 2 is ≥ 1.5), its step
+(``time/generate`` of the first / of it: the acceptance of issue 33 item 2 is ≥ 1.5; also by the
+means, and the first run's fastest step against the median, which say how robust it is), its step
 time ratio, and its mismatch as a share of the first's (≈ 1: the same bf16 agreement).
 """
 
@@ -23,6 +24,10 @@ def compare(a: dict, b: dict) -> dict:
     out: dict = {}
     if a.get("time/generate") and b.get("time/generate"):
         out["generate_speedup"] = a["time/generate"] / b["time/generate"]
+        if a.get("time/generate_mean") and b.get("time/generate_mean"):
+            out["generate_speedup_mean"] = a["time/generate_mean"] / b["time/generate_mean"]
+        if a.get("time/generate_steps"):  # the first run at its fastest step against the second's median
+            out["generate_speedup_first_best"] = min(a["time/generate_steps"]) / b["time/generate"]
     if a.get("time/step") and b.get("time/step"):
         out["step_ratio"] = b["time/step"] / a["time/step"]
     if a.get("mismatch/logp_abs_mean") and b.get("mismatch/logp_abs_mean") is not None:

@@ -33,6 +33,10 @@ def test_the_report_compares_the_second_run_with_the_first(tmp_path, monkeypatch
     assert out["compare"]["generate_speedup"] == pytest.approx(6.0 / 4.0)
     assert out["compare"]["step_ratio"] == pytest.approx(7.0 / 9.0)
     assert out["compare"]["mismatch_ratio"] == pytest.approx(0.011 / 0.011)
+    # how robust the ratio is: every steady step kept, the means' ratio, the first run's best step
+    assert out["e1"]["time/generate_steps"] == [6.0, 5.0, 7.0] and out["e2"]["time/generate_mean"] == pytest.approx(4.0)
+    assert out["compare"]["generate_speedup_mean"] == pytest.approx(6.0 / 4.0)
+    assert out["compare"]["generate_speedup_first_best"] == pytest.approx(5.0 / 4.0)
     assert out["e2"]["plan_generation_phase_gb"] == 83.8
     assert out["e2"]["measured_peak_gb"] == pytest.approx(40000 * 2**20 / 1e9)
     assert "e2 against e1: generate_speedup=1.500" in capsys.readouterr().out
