@@ -6,6 +6,7 @@ neither of them, nor the Hydra app (``rlhf.hydra_app``) that runs a job.
     groups.py       GROUPS, group_options, default_choices, register_configs (ConfigStore), group_choices
     overrides.py    parse_overrides, check_group_choices, with_config_dirs (-cd → hydra.searchpath)
     composition.py  compose, hydra_message (a Hydra/OmegaConf error → one line)
+    memo.py         compose_kept: Hydra's first stage of a compose kept per process, values applied to a copy
     rundir.py       stamped, unique_dir, run_dir_for, release (a claimed run dir given back)
     build.py        changes_from_defaults, claim_run_dir, build_spec, resume_spec, resume_overrides
     describe.py     describe (rlhf-run --describe KEY: a key's type, value and help text from the schema)

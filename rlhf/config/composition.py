@@ -13,10 +13,6 @@ from rlhf.paths import conf_dir
 
 def compose(overrides: Sequence[str], config_dir: Optional[str] = None, config_name: str = "config"):
     """Compose the config (with Hydra's own node) or raise SpecError with one clear line."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     from rlhf.spec.errors import SpecError
 
     overrides = list(overrides)
@@ -31,6 +27,21 @@ def compose(overrides: Sequence[str], config_dir: Optional[str] = None, config_n
             "(-cp outputs/<date>/<time> -cn config), or leave -cp out to start from the shipped groups."
         ])
     register_configs()
+    if config_dir is None:  # the shipped groups: a first stage composed before is reused (memo.py)
+        from rlhf.config.memo import compose_kept
+
+        return compose_kept(overrides, folder, config_name, lambda ovs: _compose_whole(ovs, folder, config_name))
+    return _compose_whole(overrides, folder, config_name)
+
+
+def _compose_whole(overrides: list[str], folder: Path, config_name: str):
+    """Hydra's compose of the config, with its own node; its errors as SpecError with one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlhf.spec.errors import SpecError
+
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
