@@ -83,10 +83,11 @@ def _with_values(base: Any, parsed: list, values: list) -> Any:
 
 
 def _kind(ov: Any, folder: Path) -> str:
-    """"value": ``KEY=VALUE``, which Hydra applies to the composed config in order; "first stage":
-    a group's choice (``GROUP=OPTION``, ``+GROUP=``, ``~GROUP``) or a ``hydra.*`` setting, which
-    decide the defaults list and touch no key a value sets; "other": the rest (``+KEY``, ``++KEY``,
-    ``~KEY``, a dict, a sweep), which Hydra also applies in order among the values."""
+    """The kind of one override. "value": ``KEY=VALUE``, which Hydra applies to the composed config
+    in order; "first stage": a group's choice (``GROUP=OPTION``, ``+GROUP=``, ``~GROUP``) or a
+    ``hydra.*`` setting, which decide the defaults list and touch no key a value sets; "other": the
+    rest (``+KEY``, ``++KEY``, ``~KEY``, a dict, a sweep), which Hydra also applies in order among
+    the values."""
     if ov.is_sweep_override() or isinstance(ov.value(), dict):
         return "other"
     if ov.is_hydra_override() or (not ov.is_force_add() and _names_a_group(ov.key_or_group, folder)):
