@@ -16,10 +16,7 @@ def compose(overrides: Sequence[str], config_dir: Optional[str] = None, config_n
     from rlhf.spec.errors import SpecError
 
     overrides = list(overrides)
-    if config_dir is None:
-        check_group_choices(overrides)
-    else:
-        parse_overrides(overrides)
+    parsed = check_group_choices(overrides) if config_dir is None else parse_overrides(overrides)
     folder = Path(config_dir or conf_dir()).expanduser().resolve()
     if not (folder / f"{config_name}.yaml").is_file():
         raise SpecError([
@@ -30,7 +27,7 @@ def compose(overrides: Sequence[str], config_dir: Optional[str] = None, config_n
     if config_dir is None:  # the shipped groups: a first stage composed before is reused (memo.py)
         from rlhf.config.memo import compose_kept
 
-        return compose_kept(overrides, folder, config_name, lambda ovs: _compose_whole(ovs, folder, config_name))
+        return compose_kept(parsed, folder, config_name, lambda ovs: _compose_whole(ovs, folder, config_name))
     return _compose_whole(overrides, folder, config_name)
 
 

@@ -30,16 +30,15 @@ _entries: "OrderedDict[tuple, Any]" = OrderedDict()
 _lock = threading.Lock()
 
 
-def compose_kept(overrides: Sequence[str], folder: Path, config_name: str,
+def compose_kept(parsed: Sequence[Any], folder: Path, config_name: str,
                  compose_whole: Callable[[list[str]], Any]) -> Any:
-    """The composed config of ``overrides`` (Hydra's parse of them), through a kept first stage
-    where that is exact, else ``compose_whole(overrides)``."""
-    from rlhf.config.overrides import parse_overrides, user_dirs
-
-    parsed = parse_overrides(overrides)
+    """The composed config of the overrides ``parsed`` (Hydra's parse of them), through a kept first
+    stage where that is exact, else ``compose_whole`` of their command-line text."""
+    everything = [ov.input_line for ov in parsed]
     kinds = [_kind(ov, folder) for ov in parsed]
-    if "other" in kinds or user_dirs(overrides):
-        return compose_whole(list(overrides))
+    # another search path (-cd, hydra.searchpath): files the key does not cover
+    if "other" in kinds or any(ov.key_or_group == "hydra.searchpath" for ov in parsed):
+        return compose_whole(everything)
     first = [ov.input_line for ov, kind in zip(parsed, kinds) if kind == "first stage"]
     key = (str(folder), config_name, tuple(first), _files_signature(folder))
     with _lock:
@@ -50,7 +49,7 @@ def compose_kept(overrides: Sequence[str], folder: Path, config_name: str,
         try:
             base = compose_whole(first)
         except Exception:  # noqa: BLE001 - the error as the whole command line gets it from Hydra
-            return compose_whole(list(overrides))
+            return compose_whole(everything)
         with _lock:  # never handed out: every caller gets a copy
             _entries[key] = base
             while len(_entries) > MAX_ENTRIES:
@@ -58,7 +57,7 @@ def compose_kept(overrides: Sequence[str], folder: Path, config_name: str,
     try:
         return _with_values(base, parsed, [ov for ov, kind in zip(parsed, kinds) if kind == "value"])
     except Exception:  # noqa: BLE001 - Hydra's own compose raises its own error (or composes it after all)
-        return compose_whole(list(overrides))
+        return compose_whole(everything)
 
 
 def _with_values(base: Any, parsed: list, values: list) -> Any:

@@ -83,14 +83,16 @@ def with_config_dirs(overrides: Sequence[str], dirs: Sequence[str]) -> list[str]
     return [*rest, f"hydra.searchpath=[{','.join(quote_value(e) for e in merged)}]"]
 
 
-def check_group_choices(overrides: Sequence[str], allow_sweep: bool = False) -> None:
+def check_group_choices(overrides: Sequence[str], allow_sweep: bool = False) -> list[Any]:
     """An unknown option of a group is an error with the valid ones (recipe and model_defaults are
-    optional groups, so Hydra itself would silently skip an unknown one)."""
+    optional groups, so Hydra itself would silently skip an unknown one). Returns Hydra's parse of
+    the overrides, checked."""
     from rlhf.spec.errors import SpecError
 
     problems = []
     dirs = user_dirs(overrides)
-    for ov in parse_overrides(overrides):
+    parsed = parse_overrides(overrides)
+    for ov in parsed:
         group = ov.key_or_group
         if ov.is_sweep_override() and not allow_sweep:
             problems.append(f"{ov.input_line}: a sweep of values needs -m (multirun): rlhf-run -m {ov.input_line}")
@@ -116,3 +118,4 @@ def check_group_choices(overrides: Sequence[str], allow_sweep: bool = False) -> 
                     problems.append(f"{group} {v!r} not found. Choose one of: {', '.join(options) or '(none)'}.")
     if problems:
         raise SpecError(problems)
+    return parsed

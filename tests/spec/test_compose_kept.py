@@ -10,7 +10,7 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from rlhf.config import compose, memo
+from rlhf.config import compose, memo, parse_overrides
 from rlhf.config.composition import _compose_whole
 from rlhf.paths import conf_dir
 from rlhf.spec.errors import SpecError
@@ -88,10 +88,23 @@ def test_an_edited_config_file_is_read_again(tmp_path):
     shutil.copytree(conf_dir(), folder)
 
     def kept(overrides):
-        return memo.compose_kept(overrides, folder, "config", lambda ovs: _compose_whole(ovs, folder, "config"))
+        return memo.compose_kept(parse_overrides(overrides), folder, "config",
+                                 lambda ovs: _compose_whole(ovs, folder, "config"))
 
     assert kept(["algo=ppo", "train.steps=3"]).algo.lr == _compose_whole(["algo=ppo"], folder, "config").algo.lr
     tiny = folder / "model_defaults" / "tiny.yaml"  # the tiny model's algo.lr
     assert "  lr: 1.0e-3\n" in tiny.read_text()
     tiny.write_text(tiny.read_text().replace("  lr: 1.0e-3\n", "  lr: 1.25e-4\n"))
     assert kept(["algo=ppo", "train.steps=4"]).algo.lr == 1.25e-4
+
+
+def test_a_users_config_folder_is_read_at_every_compose(tmp_path):
+    """The key covers the shipped files only: with a folder of the user's on the search path, every
+    compose is Hydra's own, so an edit there between two composes is seen."""
+    mine = tmp_path / "mine" / "recipe"
+    mine.mkdir(parents=True)
+    (mine / "quick.yaml").write_text("# @package _global_\ntrain:\n  steps: 3\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'mine'},rlhf://recipes]"
+    assert compose(["recipe=quick", "algo.lr=1e-5", searchpath]).train.steps == 3
+    (mine / "quick.yaml").write_text("# @package _global_\ntrain:\n  steps: 4\n")
+    assert compose(["recipe=quick", "algo.lr=2e-5", searchpath]).train.steps == 4
