@@ -18,7 +18,8 @@ between them), on the same work:
 * vLLM colocated on the same GPU on both sides, the same ``gpu_memory_utilization`` and the same
   CUDA-graph capture sizes (``RLHF_VLLM_ARGS``, which ``scripts/gpu.sh`` sets, is passed to TRL's
   ``vllm.LLM`` too: ``--trl-vllm-args none`` leaves TRL's engine as TRL builds it); sleep mode on
-  both sides (``--sleep off``: neither; ``--trl-sleep`` sets TRL's alone);
+  both sides (``--sleep off``: neither; ``--sleep auto``: each side's default, ours the plan's
+  ``placement.sleep_rollout=auto`` and TRL's ``vllm_enable_sleep_mode`` off; ``--trl-sleep`` sets TRL's alone);
 * both compute the trainer's log-probs of the sampled tokens before the update (ours always does
   with vLLM; TRL does for its vLLM importance-sampling correction, on by default).
 
@@ -136,8 +137,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--micro", type=int, default=16, help="samples per forward/backward (both sides)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--kl", type=float, default=0.0, help="KL coefficient (k3 in the loss, both sides)")
-    ap.add_argument("--sleep", choices=("on", "off"), default="on",
-                    help="vLLM sleep mode (ours: also DeepSpeed state offload) on both sides")
+    ap.add_argument("--sleep", choices=("on", "off", "auto"), default="on",
+                    help="vLLM sleep mode (ours: also DeepSpeed state offload) on both sides; auto: each side's "
+                         "default (ours placement.sleep_rollout=auto, the plan's choice; TRL's vllm_enable_sleep_mode "
+                         "default, off)")
     ap.add_argument("--offload", choices=("auto", "true", "false"), default="auto",
                     help="our placement.offload_train_state (auto: resident when the plan says both phases fit)")
     ap.add_argument("--ours-tokens", type=int, default=32768,
@@ -189,7 +192,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if a.warmup < 0 or a.steps < 1:
         ap.error("--warmup >= 0 and --steps >= 1")
     if a.trl_sleep is None:
-        a.trl_sleep = a.sleep
+        a.trl_sleep = "off" if a.sleep == "auto" else a.sleep
     return a
 
 
@@ -280,7 +283,7 @@ def ensure_model(a) -> str:
 
 
 def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
-    on = "true" if a.sleep == "on" else "false"
+    on = {"on": "true", "off": "false", "auto": "auto"}[a.sleep]
     ov = [
         f"recipe={RECIPE}",
         f"model.path={model}",
@@ -301,7 +304,7 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
         f"data.train_files=[{prompts_file}]",
         "data.shuffle=false",
         f"placement.sleep_rollout={on}",
-        f"placement.offload_train_state={a.offload if a.sleep == 'on' else 'false'}",
+        f"placement.offload_train_state={a.offload if a.sleep != 'off' else 'false'}",
         f"train.max_tokens_per_micro_batch={a.ours_tokens or 'null'}",
         f"model.liger_kernels={a.liger}",
         "tracking.console=plain",

@@ -28,6 +28,7 @@ from rlhf.plan.memory import (
     min_gpus,
     over_limit,
     param_count,
+    smaller_shares,
 )
 from rlhf.spec.runspec import RunSpec
 from rlhf.spec.tokens import sequence_tokens
@@ -188,7 +189,7 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         if spec.layout.rollout_beside_training and not pl.sleep_rollout:
             # awake beside the update: a smaller share first (async keeps its overlap), then sleep
             weights = engines.kind(spec).gpu_memory(spec, param_count(m)).get("vLLM weights", 0.0)
-            for share in _smaller_shares(spec, weights):
+            for share in smaller_shares(spec, weights):
                 out.append([f"rollout.gpu_memory_utilization={share:g}", "#awake-share"])
             # async_steps > 0 is what keeps it awake (auto); otherwise the setting itself
             out.append(["algo.async_steps=0"] if "placement.sleep_rollout" in decided else ["placement.sleep_rollout=true"])
@@ -231,16 +232,9 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
             out.append(["placement.rollout.engines_per_device=1"])  # one copy of the weights per GPU
         if spec.layout.rollout_beside_training and pl.offload_train_state is False and "placement.offload_train_state" not in decided:
             out.append(["placement.offload_train_state=true"])
-        for share in _smaller_shares(spec, weights):
+        for share in smaller_shares(spec, weights):
             out.append([f"rollout.gpu_memory_utilization={share:g}", "#share"])
     return [c for c in out if [o for o in c if not o.startswith("#")]]
-
-
-def _smaller_shares(spec: RunSpec, weights: float) -> list[float]:
-    """rollout.gpu_memory_utilization values below the current one, in tenths, largest first, that
-    leave at least half of the share to the KV cache beside vLLM's ``weights`` (GB per GPU)."""
-    u, mem = spec.rollout.gpu_memory_utilization, spec.hardware.device_memory_gb
-    return [t / 10 for t in range(math.ceil(u * 10) - 1, 0, -1) if weights <= t / 10 * mem / 2]
 
 
 def suggestions(spec: RunSpec, est: Estimate, name: str) -> list[Suggestion]:

@@ -452,6 +452,13 @@ def teacher_offloaded(spec: RunSpec) -> bool:
             and spec.layout.rollout_beside_training and spec.train.zero_stage != 3)
 
 
+def smaller_shares(spec: RunSpec, weights: float) -> list[float]:
+    """rollout.gpu_memory_utilization values below the current one, in tenths, largest first, that
+    leave at least half of the share to the KV cache beside vLLM's ``weights`` (GB per GPU)."""
+    u, mem = spec.rollout.gpu_memory_utilization, spec.hardware.device_memory_gb
+    return [t / 10 for t in range(math.ceil(u * 10) - 1, 0, -1) if weights <= t / 10 * mem / 2]
+
+
 def overlaps_update(spec: RunSpec) -> bool:
     """On GPU, the rollout engines generate during the update on the trained roles' devices
     (``algo.async_steps`` > 0 in a placement that shares them): they stay awake through the training

@@ -389,7 +389,9 @@ class PlacementSpec(Frozen):
     rollout: RolloutPlacement = docf(RolloutPlacement, "The generation engines.")
     sleep_rollout: Any = doc("auto", "hybrid: vLLM releases its weights and KV cache while training runs: "
                              "auto | true | false. auto sleeps unless algo.async_steps > 0, whose engines "
-                             "generate during the update (vLLM then stays awake beside it).")
+                             "generate during the update (vLLM then stays awake beside it), or the plan's "
+                             "training phase holds the engines awake beside everything else (no sleep and "
+                             "wake-up each step).")
     offload_train_state: Any = doc("auto", "hybrid: DeepSpeed's states leave the GPU while vLLM generates: "
                                    "auto | true | false. auto keeps them when the generation phase fits "
                                    "with them resident, since moving them costs time every step.")

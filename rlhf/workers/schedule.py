@@ -10,7 +10,8 @@ One step::
                               DeepSpeed states leave, vLLM's KV cache wakes
 
 Memory moves only in hybrid placement on GPU with vLLM (``placement.sleep_rollout``,
-``placement.offload_train_state``). Elsewhere (CPU, disaggregated, HF rollouts) ``to_train``
+``placement.offload_train_state``); where the plan keeps vLLM awake (``rlhf.plan.auto``), only
+the weights move. Elsewhere (CPU, disaggregated, HF rollouts) ``to_train``
 does nothing and ``to_generate`` only sends the weights. Async rollouts (``algo.async_steps`` > 0)
 need no case here: the build resolves both settings to false on shared GPUs (``rlhf.plan.auto``),
 so vLLM stays awake while the next step generates beside the update, and the send lands after that
@@ -62,7 +63,7 @@ class Schedule:
         self.frozen = [g for g in (cluster.reference, cluster.teacher, cluster.reward_model) if g is not None]
         # on-policy distillation's teacher may wait in host memory while the engines generate
         self.teacher = cluster.teacher if hybrid and cluster.teacher is not None and spec.algo.teacher.offload else None
-        self.free_caches = hybrid
+        self.hybrid = hybrid
         self.sleep = hybrid and spec.placement.sleep_rollout
         self.offload = hybrid and spec.placement.offload_train_state
         if self.offload:  # generation comes first: DeepSpeed's states leave the device until the update
@@ -84,8 +85,10 @@ class Schedule:
     def to_generate(self) -> dict[str, float]:
         """After the update: the rollout engines get the new weights and the device back."""
         out: dict[str, float] = {}
-        if self.free_caches:  # the passes' cached activations go back to the device before vLLM wakes
+        if self.sleep:  # the passes' cached activations go back to the device before vLLM wakes
             out.update(_on_groups(self.trained + self.frozen, PolicyWorker.release_cuda_cache))
+        elif self.hybrid:  # an awake engine (async, or room for it) needs no room: the peaks, the cache kept
+            out.update(_on_groups(self.trained + self.frozen, PolicyWorker.memory_peaks))
         if self.teacher is not None:  # before vLLM wakes
             out.update(_on_groups([self.teacher], TeacherWorker.offload))
         if self.sleep:

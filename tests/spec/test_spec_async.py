@@ -39,9 +39,12 @@ def _with(s: dict, section: str, **values) -> dict:
 @pytest.fixture(scope="module")
 def both():
     """The 0.5B run on one H200, synchronous and async, at the same token budget (the null one of
-    8 samples × 2,048 tokens: the GPU's auto budget differs between them, below)."""
+    8 samples × 2,048 tokens: the GPU's auto budget differs between them, below). The synchronous
+    run's engine asleep through the update (at this budget the plan would keep it awake too:
+    test_spec_stay_awake.py), so that the two differ in that alone."""
     one = "placement.rollout.engines_per_device=1"  # one engine's share (two: test_spec_engines_per_device.py)
-    return (planned_spec([*H200, one, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384"]),
+    return (planned_spec([*H200, one, "algo.tis_cap=2.0", "train.max_tokens_per_micro_batch=16384",
+                          "placement.sleep_rollout=true"]),
             planned_spec([*H200, one, *ASYNC, "train.max_tokens_per_micro_batch=16384"]))
 
 
@@ -59,6 +62,8 @@ def test_the_awake_engine_leaves_a_smaller_auto_token_budget():
     from rlhf.plan.oom import oom_message
 
     assert "rollout.gpu_memory_utilization=" in oom_message(spec, "update")
+    # the synchronous run's larger budget leaves no room for its engine awake beside the update
+    assert sync.placement.sleep_rollout is True
 
 
 def test_hybrid_gpu_async_is_valid_and_keeps_the_engine_awake(both):
@@ -68,7 +73,6 @@ def test_hybrid_gpu_async_is_valid_and_keeps_the_engine_awake(both):
     why = {d.key: d.why for d in spec.auto}
     assert "algo.async_steps=1" in why["placement.sleep_rollout"]
     assert "algo.async_steps=1" in why["placement.offload_train_state"]
-    assert not next(d.why for d in sync.auto if d.key == "placement.sleep_rollout")  # nothing to say: it sleeps
     # a saved config says auto again, and builds the same decision
     cfg = config_dict(spec)["placement"]
     assert cfg["sleep_rollout"] == "auto" and cfg["offload_train_state"] == "auto"
@@ -90,7 +94,7 @@ def test_the_training_phase_holds_the_awake_engine_beside_the_update(both):
     text = render_plan(spec)
     line = next(l for l in text.splitlines() if l.startswith("async:"))
     assert_clear(line, "≤ 1 update stale", "algo.tis_cap=2", "vllm stays awake beside the update",
-                 f"its {share:.1f} GB", f"{est_sync.total('training phase'):.1f} GB with algo.async_steps=0",
+                 f"its {share:.1f} GB", f"({est.total('training phase'):.1f} GB; awake with algo.async_steps=0 too)",
                  "the training states stay on the GPU between updates")
     assert "vLLM stays awake during training (auto: algo.async_steps=1" in text
 

@@ -38,6 +38,8 @@ class _Handle:
         if method == "release_cuda_cache":
             return {f"memory/{self.role}_peak_reserved_gib": 10.0 + self.rank, f"memory/{self.role}_resident_gib":
                     2.0 + self.rank}
+        if method == "memory_peaks":
+            return {f"memory/{self.role}_peak_reserved_gib": 20.0 + self.rank}
         if method in ("engine_sleep", "offload_train_states", "reload_train_states"):
             return {f"{method}/{self.role}": float(self.rank), "memory/shared": float(len(self.role))}
         return None
@@ -112,15 +114,17 @@ def test_hybrid_gpu_with_resident_train_states_frees_every_cache(run):
 
 
 def test_hybrid_gpu_with_the_engine_awake_moves_no_state(run):
-    # async rollouts (placement.sleep_rollout and offload_train_state resolved to false): vLLM keeps
-    # generating beside the update, so nothing sleeps, wakes or leaves; the send is all that moves
+    # the engine awake through the update (async rollouts, or the plan's room for it: placement.sleep_rollout
+    # and offload_train_state resolved to false): nothing sleeps, wakes or leaves, and no cache is
+    # emptied for it (the next passes reuse it); the memory peaks are still read; the send is all that moves
     start, to_train, to_generate, train, gen, _ = run(sleep=False, offload=False)
     assert [m for _, m, _ in start] == ["gpu_sync_setup"]
     assert to_train == [] and train == {}
     assert [(r, m) for r, m, _ in to_generate] == [
-        ("actor", "release_cuda_cache"), ("critic", "release_cuda_cache"), ("reference", "release_cuda_cache"),
+        ("actor", "memory_peaks"), ("critic", "memory_peaks"), ("reference", "memory_peaks"),
         ("actor", "gpu_sync_send")]
     assert "time/wake_weights" not in gen and "time/wake_kv_cache" not in gen
+    assert gen["memory/actor_peak_reserved_gib"] == 21.0 and gen["memory/reference_peak_reserved_gib"] == 21.0
 
 
 @pytest.mark.parametrize("device,mode", [("cuda", "disaggregated"), ("cpu", "hybrid"), ("cpu", "disaggregated")])

@@ -43,7 +43,7 @@ def memory_problems(s: Sections) -> list[str]:
     auto_bool(p, "train.compile_logprobs", train.compile_logprobs, "on for CUDA runs")
     auto_bool(p, "placement.offload_train_state", pl.offload_train_state,
               "offload only when the training states and vLLM do not fit side by side")
-    auto_bool(p, "placement.sleep_rollout", pl.sleep_rollout, "asleep during training unless algo.async_steps > 0")
+    auto_bool(p, "placement.sleep_rollout", pl.sleep_rollout, "asleep during training unless algo.async_steps > 0 or the memory fits them awake")
     budget = train.max_tokens_per_micro_batch
     seq = sequence_tokens(s["algo"], s["data"], rollout)
     if budget is not None and s["algo"].kind != "rl":
