@@ -334,11 +334,16 @@ def tokens_overrides(args: list[str], plan_lines: list[str], tokens: int) -> lis
 
 def plan_choices(plan_lines: list[str]) -> list[str]:
     """The ZeRO stage and optimizer offload the plan chose (its ``steps:`` line, ``epochs:`` for
-    sft/rm/dpo), as overrides."""
+    sft/rm/dpo), and whether its training phase holds vLLM asleep or awake (the plan keeps it awake
+    where there is room, which a smaller token budget can make), as overrides."""
     steps = next((ln for ln in plan_lines if ln.startswith(("steps:", "epochs:"))), "")
     m = re.search(r"ZeRO-(\d)", steps)
     out = [f"train.zero_stage={m.group(1)}"] if m else []
-    return out + [f"train.offload_optimizer={'true' if 'optimizer offloaded' in steps else 'false'}"]
+    out.append(f"train.offload_optimizer={'true' if 'optimizer offloaded' in steps else 'false'}")
+    train = next((ln for ln in plan_lines if ln.strip().startswith("training phase:")), "")
+    if "vLLM (awake)" in train or "vLLM asleep" in train:
+        out.append(f"placement.sleep_rollout={'false' if 'vLLM (awake)' in train else 'true'}")
+    return out
 
 
 def main(argv=None) -> int:

@@ -33,11 +33,14 @@ def test_matrix_parses_the_plan_it_gets(tmp_path, capsys, cell, config, zero, of
     assert set(figures) >= {"training phase", "generation phase"}, text
     assert all(0 < v < 150.7 for v in figures.values()), figures  # under the H200's total
     steps = [ln for ln in text.splitlines() if ln.startswith("steps:")]
-    pinned = plan_choices(steps)
+    pinned = plan_choices(text.splitlines())
     assert pinned[0] == f"train.zero_stage={zero}"
     want = offload or ("true" if "optimizer offloaded" in steps[0] else "false")
     assert pinned[1] == f"train.offload_optimizer={want}"
-    # pinning the choices and planning at fewer tokens gives a smaller training figure
+    # the engine as the training phase holds it (at the cells' 2,048-token sequences: asleep)
+    assert pinned[2:] == ["placement.sleep_rollout=true"] and "vLLM asleep" in text
+    # pinning the choices and planning at fewer tokens gives a smaller training figure (unpinned, the
+    # plan would keep vLLM awake in the room fewer tokens leave: a larger figure)
     assert cli.main([*overrides, f"model.path={model}", f"output_dir={tmp_path / 'run'}", *pinned,
                      "train.max_tokens_per_micro_batch=2048", "--plan"]) == 0
     again = {m.group(1): float(m.group(2)) for m in FIGURE.finditer(capsys.readouterr().out)}
