@@ -187,12 +187,16 @@ def _candidates(spec: RunSpec, est: Estimate, name: str) -> list[list[str]]:
         if auto is not None:  # what auto would pick instead of the pinned values
             out.append([f"{k}={_fmt(_get(auto, k))}" for k in pinned if _get(auto, k) != _get(spec, k)])
         if spec.layout.rollout_beside_training and not pl.sleep_rollout:
-            # awake beside the update: a smaller share first (async keeps its overlap), then sleep
-            weights = engines.kind(spec).gpu_memory(spec, param_count(m)).get("vLLM weights", 0.0)
-            for share in smaller_shares(spec, weights):
-                out.append([f"rollout.gpu_memory_utilization={share:g}", "#awake-share"])
-            # async_steps > 0 is what keeps it awake (auto); otherwise the setting itself
-            out.append(["algo.async_steps=0"] if "placement.sleep_rollout" in decided else ["placement.sleep_rollout=true"])
+            if getattr(spec.algo, "async_steps", 0) > 0:
+                # awake for async: a smaller share first (async keeps its overlap), then sleep; async_steps
+                # is what keeps it awake under auto, otherwise the setting itself
+                weights = engines.kind(spec).gpu_memory(spec, param_count(m)).get("vLLM weights", 0.0)
+                for share in smaller_shares(spec, weights):
+                    out.append([f"rollout.gpu_memory_utilization={share:g}", "#awake-share"])
+                out.append(["algo.async_steps=0"] if "placement.sleep_rollout" in decided
+                           else ["placement.sleep_rollout=true"])
+            else:  # awake only to skip the sleep and wake-ups (rlhf.plan.auto._stay_awake): sleeping costs least
+                out.append(["placement.sleep_rollout=true"])
         if name in ("training phase", "actor", "critic"):
             if not m.gradient_checkpointing:
                 out.append(["model.gradient_checkpointing=true"])

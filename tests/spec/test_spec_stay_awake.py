@@ -104,3 +104,16 @@ def test_nothing_is_said_where_the_run_does_not_fit_asleep_or_no_engine_sleeps()
     # a value set by hand is the user's: nothing decided
     pinned = planned_spec([*H200, *SHORT, "placement.sleep_rollout=true"])
     assert all(d.key != "placement.sleep_rollout" for d in pinned.auto)
+
+
+def test_out_of_memory_beside_an_awake_engine_names_its_sleep_first(short):
+    # the plan's figure was wrong if the update runs out of memory beside the awake engine: the
+    # first fix named is the engine asleep (what it costs is the step's sleep and wake-ups)
+    from rlhf.plan.oom import oom_message
+
+    spec, asleep = short
+    msg = oom_message(spec, "update")
+    assert msg.startswith("CUDA out of memory in the update phase: the plan estimated "
+                          f"{memory.estimate(spec).total('training phase'):.1f} GB"), msg
+    assert msg.split("Try ")[1].startswith("placement.sleep_rollout=true"), msg
+    assert "placement.sleep_rollout" not in oom_message(asleep, "update")
