@@ -4,7 +4,8 @@ Extends ``bench/e2e_trl.py`` (BENCHMARKS.md §4) with two more sides on the same
 random-weight model directory (``bench.make_model``), the same prompts, P prompts x G samples per
 step, the same lengths, one optimizer step per GRPO step, token-mean loss, group-std advantages,
 clip 0.2, lr 1e-6 constant, grad clip 1.0, KL off (``--kl c``: k3 in the loss on every side), vLLM
-colocated with the same ``gpu_memory_utilization`` and sleep mode. Ours and TRL's run exactly as in
+colocated with the same ``gpu_memory_utilization`` and sleep mode (``--sleep auto``: each side's
+default — ours the plan's, TRL's and OpenRLHF's off, veRL's ``free_cache_engine`` on). Ours and TRL's run exactly as in
 ``bench.e2e_trl`` (its functions are called here). The peers:
 
 * veRL (``python -m verl.trainer.main_ppo``, its default v1 sync trainer): ``algorithm.adv_estimator=grpo``,
@@ -225,7 +226,8 @@ def verl_overrides(a, model: str, data: str, work: Path) -> list[str]:
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
         "actor_rollout_ref.rollout.top_k=-1",
-        f"actor_rollout_ref.rollout.free_cache_engine={'true' if a.sleep == 'on' else 'false'}",
+        # --sleep auto: each side's default, veRL's free_cache_engine=true
+        f"actor_rollout_ref.rollout.free_cache_engine={'false' if a.sleep == 'off' else 'true'}",
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
         "trainer.logger=[console]",
@@ -351,7 +353,7 @@ def openrlhf_args(a, model: str, prompts_file: str, work: Path) -> list[str]:
         "--ckpt.output_dir", str(work / "openrlhf_out"), "--ckpt.path", str(work / "openrlhf_ckpt"),
         "--ckpt.save_steps", "-1", "--logger.logging_steps", "1", "--train.seed", "42",
     ]
-    if a.sleep == "on":
+    if a.sleep == "on":  # --sleep auto: OpenRLHF's default, no sleep
         args.append("--vllm.enable_sleep")
     if a.peer_batching == "tokens":
         args += ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(peer_tokens(a)),
