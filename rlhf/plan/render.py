@@ -134,13 +134,9 @@ def async_line(spec: RunSpec, est: Estimate) -> Optional[str]:
     tis = f"truncated IS, algo.tis_cap={spec.algo.tis_cap:g}"
     head = f"async: step t+1{'…t+' + str(k) if k > 1 else ''} sampled during step t's update (≤ {k} update{'s' if k > 1 else ''} stale; {tis})"
     if memory.overlaps_update(spec):
+        # where async fits, the synchronous run at the same budget holds the engine awake too (auto)
         sync = apply(spec, ["algo.async_steps=0"])
-        if sync is None:
-            than = ""
-        elif sync.placement.sleep_rollout:
-            than = f"; {estimate(sync).total('training phase'):.1f} GB with algo.async_steps=0"
-        else:  # the plan keeps a synchronous run's engine awake too where it fits (rlhf.plan.auto)
-            than = "; awake with algo.async_steps=0 too"
+        than = "; awake with algo.async_steps=0 too" if sync is not None and not sync.placement.sleep_rollout else ""
         cost = (f"{spec.rollout_engine} stays awake beside the update: the training phase holds its "
                 f"{_engine_gb(spec, est):.1f} GB per GPU too ({est.total('training phase'):.1f} GB{than}); "
                 "no sleep or wake, and the training states stay on the GPU between updates")

@@ -6,6 +6,8 @@ engine keeps, plus vLLM's whole share and the further engines' runtime)."""
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import pytest
 
 from rlhf.plan import memory
@@ -47,10 +49,7 @@ def test_the_engine_stays_awake_where_the_training_phase_holds_it(short):
     # decided last: every other decision is the asleep run's
     for key in ("train.max_tokens_per_micro_batch", "train.zero_stage", "train.offload_optimizer",
                 "placement.offload_train_state", "placement.rollout.engines_per_device", "model.compile_layers"):
-        section, *rest = key.split(".")
-        get = lambda s: getattr(getattr(getattr(s, section), rest[0]), rest[1]) if len(rest) == 2 \
-            else getattr(getattr(s, section), rest[0])  # noqa: E731
-        assert get(spec) == get(asleep), key
+        assert attrgetter(key)(spec) == attrgetter(key)(asleep), key
     assert "vLLM stays awake during training (auto: the training phase holds the engines awake" in render_plan(spec)
 
 
