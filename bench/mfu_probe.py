@@ -58,13 +58,14 @@ class Variant:
     compile_head: bool = True
     layers: Optional[str] = None  # torch.compile mode of every decoder layer; None = eager
     ckpt: bool = False
-    head: str = "product"  # product | liger_flce
+    head: str = "product"  # product (logits kept for the backward) | product_recompute | liger_flce
     tokens: int = 32768
     deepspeed: bool = False  # a bf16 DeepSpeed engine + the product's optimizer, an optimizer step per update
     zero: int = 2  # its ZeRO stage (CPU: always 0)
     head_only: bool = False  # the head's passes alone on the defaults' hidden states
     preset: Optional[str] = None  # another model shape (the group's model otherwise)
     profile: bool = False
+    step_profile: bool = False  # DeepSpeed variants: a torch.profiler breakdown of the optimizer step alone
     est_s: float = 15.0
 
 
@@ -90,6 +91,21 @@ VARIANTS: dict[str, Variant] = {
     "layers_autotune": Variant(f"compiled layers, mode {AUTOTUNE} (no Liger)", liger=False, layers=AUTOTUNE,
                                est_s=200),
     "default_15b": Variant("GPU defaults at 1.5B, ≤ 32,768 tokens", preset="qwen2.5-1.5b", est_s=70),
+    # the head's logits kept for its backward (the product since the twenty-third session) against
+    # recomputed in the backward (before it), with compiled layers (the loop's GPU default)
+    "layers_compiled_recompute": Variant("compiled layers, the head recomputing its logits in the backward",
+                                         liger=False, layers="default", head="product_recompute", est_s=30),
+    "head_only_no_liger": Variant("head alone, no Liger: kept / recomputed logits, compiled / eager",
+                                  liger=False, head_only=True, est_s=25),
+    "deepspeed_z1_compiled": Variant("compiled layers via DeepSpeed ZeRO-1 + optimizer step (the loop's update)",
+                                     liger=False, layers="default", deepspeed=True, zero=1, step_profile=True,
+                                     est_s=60),
+    "layers_compiled_15b_16k": Variant("compiled layers at 1.5B, ≤ 16,384 tokens (the loop's budget there)",
+                                       liger=False, layers="default", tokens=16384, preset="qwen2.5-1.5b",
+                                       est_s=80),
+    "layers_compiled_15b_16k_recompute": Variant("the same, the head recomputing its logits",
+                                                 liger=False, layers="default", tokens=16384,
+                                                 preset="qwen2.5-1.5b", head="product_recompute", est_s=30),
 }
 
 # (group, variants, seconds its process may take at most): one process each, in this order; the
@@ -100,6 +116,9 @@ GROUPS: list[tuple[str, list[str], float]] = [
     ("size_15b", ["default_15b"], 110),
     ("zero_stages", ["deepspeed_z1", "deepspeed_z0"], 90),
     ("autotune", ["layers_autotune"], 250),
+    ("head_keep", ["layers_compiled", "layers_compiled_recompute", "head_only_no_liger", "deepspeed_z1_compiled"],
+     230),
+    ("head_keep_15b", ["layers_compiled_15b_16k", "layers_compiled_15b_16k_recompute"], 170),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
 
@@ -195,13 +214,15 @@ def flce_head(weight: torch.Tensor):
     return head
 
 
-def product_head(model, compile: bool, with_entropy: bool = True):
+def product_head(model, compile: bool, with_entropy: bool = True, keep: bool = True):
+    """The product's head; ``keep=False``: its logits recomputed in the backward (``keep_elements=0``)."""
     from rlhf.algos import logprobs_from_hidden
 
     head, vocab = model.get_output_embeddings(), model.config.vocab_size
 
     def run(hidden, targets):
-        return logprobs_from_hidden(hidden, head, targets, 1.0, with_entropy, vocab=vocab, compile=compile)
+        return logprobs_from_hidden(hidden, head, targets, 1.0, with_entropy, vocab=vocab, compile=compile,
+                                    keep_elements=None if keep else 0)
     return run
 
 
@@ -210,7 +231,7 @@ def head_of(model, v: Variant, device: str):
         if device != "cuda" or not _liger_installed():
             return None
         return flce_head(model.get_output_embeddings().weight)
-    return product_head(model, v.compile_head and device == "cuda")
+    return product_head(model, v.compile_head and device == "cuda", keep=v.head != "product_recompute")
 
 
 def loss_of(lp: torch.Tensor, ent: Optional[torch.Tensor], entropy_coef: float) -> torch.Tensor:
@@ -219,9 +240,11 @@ def loss_of(lp: torch.Tensor, ent: Optional[torch.Tensor], entropy_coef: float) 
     return lp.sum() if ent is None or entropy_coef == 0 else lp.sum() + entropy_coef * ent.sum()
 
 
-def update(model, micro: list[dict], head, device: str, engine=None, entropy_coef: float = 0.0) -> float:
+def update(model, micro: list[dict], head, device: str, engine=None, entropy_coef: float = 0.0,
+           last_step: bool = True) -> float:
     """One update (every micro-batch's forward + backward; with ``engine`` DeepSpeed's backward and its
-    step at the boundary, as ``PolicyWorker.update``); returns the optimizer step's seconds."""
+    step at the boundary, as ``PolicyWorker.update``); returns the optimizer step's seconds.
+    ``last_step=False`` stops before the boundary's step (``step_profile`` takes it)."""
     from rlhf.models.varlen import packed_kwargs
 
     opt_s = 0.0
@@ -235,6 +258,8 @@ def update(model, micro: list[dict], head, device: str, engine=None, entropy_coe
         last = i == len(micro) - 1
         engine.set_gradient_accumulation_boundary(last)
         engine.backward(loss, scale_wrt_gas=False)
+        if last and not last_step:
+            break
         if last:
             _sync(device)
             t = time.perf_counter()
@@ -335,6 +360,10 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
         if wants and time.time() + 3 * s + 10 < deadline:
             row["profile"] = profile_update(
                 lambda: update(fwd_model, micro, head, device, engine, a.entropy_coef), device, a.top_kernels)
+        if engine is not None and v.step_profile and time.time() + 2 * s + 10 < deadline:
+            update(fwd_model, micro, head, device, engine, a.entropy_coef, last_step=False)
+            _sync(device)
+            row["step_profile"] = profile_update(engine.step, device, a.top_kernels)
     if device == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     del engine, model, fwd_model
@@ -351,8 +380,10 @@ def head_rows(model, micro: list[dict], device: str, a, deadline: float) -> dict
         hidden = model.base_model(**packed_kwargs(p, device)).last_hidden_state[0][p["pred_index"].to(device)]
     targets = p["targets"].to(device)
     heads = {"product_compiled": product_head(model, device == "cuda"),
+             "product_compiled_recomputed": product_head(model, device == "cuda", keep=False),
              "product_compiled_no_entropy": product_head(model, device == "cuda", with_entropy=False),
-             "product_eager": product_head(model, False)}
+             "product_eager": product_head(model, False),
+             "product_eager_recomputed": product_head(model, False, keep=False)}
     if device == "cuda" and _liger_installed():
         heads["liger_flce_no_entropy"] = flce_head(model.get_output_embeddings().weight)
     M, V, h = hidden.shape[0], model.config.vocab_size, model.config.hidden_size
@@ -579,11 +610,11 @@ def table(rows: list[dict], peak: float) -> str:
         else:
             lines.append(f"| {r['variant']} | {r['what']} | {mb} | – | – | – | – | – | – | "
                          f"{r.get('skipped') or r.get('error', '')} |")
-    for r in rows:
-        prof = r.get("profile")
+    for r, which, prof in ((r, w, r.get(k)) for r in rows for k, w in (("profile", "profile"),
+                                                                       ("step_profile", "optimizer step"))):
         if not prof:
             continue
-        lines.append(f"\nprofile of {r['variant']}: {prof['kernels']} kernels, {prof['kernel_ms']} ms of kernels"
+        lines.append(f"\n{which} of {r['variant']}: {prof['kernels']} kernels, {prof['kernel_ms']} ms of kernels"
                      + (f" in a {prof['window_ms']} ms window, GPU idle {prof['gpu_idle_fraction']:.1%}"
                         if "window_ms" in prof else "")
                      + f"; {prof['kernels_under_10us']} kernels < 10 µs ({prof['kernels_under_10us_ms']} ms); by kind "

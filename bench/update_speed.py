@@ -155,7 +155,7 @@ def head_memory(a) -> int:
     """The log-prob pass's working set (see the module doc), one figure per token count and mode."""
     from bench.common import make_random_model
     from rlhf.algos import logprobs_from_hidden
-    from rlhf.plan.memory import CUDA_LOGITS_CHUNK, GB, logprob_pass_gb
+    from rlhf.plan.memory import CUDA_KEEP_LOGITS, CUDA_LOGITS_CHUNK, GB, logprob_pass_gb
     from rlhf.spec.schema import ModelSpec
 
     path = a.model or make_random_model(f"/tmp/rlhf-gpu/models/{a.preset}-random", a.preset)
@@ -180,7 +180,8 @@ def head_memory(a) -> int:
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated() - base
             rows.append({"tokens": t, "compiled": compile, "peak_gb": peak / GB, "bytes_per_logit": peak / (t * V),
-                         "plan_gb": logprob_pass_gb(shape, t, CUDA_LOGITS_CHUNK, zero_stage=0)})
+                         "plan_gb": logprob_pass_gb(shape, t, CUDA_LOGITS_CHUNK, zero_stage=0, keep=CUDA_KEEP_LOGITS,
+                                                    compiled=compile)})
             del hidden, targets, lp, ent
             torch.cuda.empty_cache()
     print(f"log-prob pass memory, {a.preset} (vocab {V}, hidden {h}): measured above its inputs vs the plan")

@@ -12,15 +12,21 @@ their float32 copies are kept — the memory of one chunk instead of the whole v
 tensor, and one matmul over the response tokens instead of the model's full ``[B, T, V]`` head.
 
 With a plain linear head (no bias, weight not partitioned) the backward pass is written out:
-forward keeps only ``h``, ``lse_m`` and ``E_p[z_m]``; backward recomputes each chunk's logits
-and forms
+forward keeps ``h``, ``lse_m`` and ``E_p[z_m]``, and the backward forms
 
     d loss / d z_m = g_m (onehot(y_m) - p_m) - e_m p_m (z_m - E_p[z_m])
 
 (``g``, ``e``: the gradients reaching ``logp`` and ``H``), then ``dh = dz W / tau`` and
 ``dW = dz^T h / tau``: a handful of passes over each chunk instead of autograd's generic
-log-softmax/softmax backward. Any other head (a LoRA-adapted one, a ZeRO-3-partitioned one) is
-called as a module, each chunk under activation checkpointing, and autograd differentiates it.
+log-softmax/softmax backward. Where the ``[M, V]`` logits fit under ``keep_elements``
+(``KEEP_ELEMENTS``; the plan counts them), the forward computes them in one matmul and keeps them
+in the head's dtype; the backward overwrites each chunk with its ``dz`` in place, and ``dh`` and
+``dW`` are one matmul each over all M rows (their sums accumulated inside the matmul, rounded
+once). Otherwise the forward keeps only the per-row statistics, and the backward recomputes each
+chunk's logits and sums ``dW`` over the chunks in float32: one more ``M x V x h`` matmul and a
+float32 pass over the head's weight per chunk. Any other head (a LoRA-adapted one, a
+ZeRO-3-partitioned one) is called as a module, each chunk under activation checkpointing, and
+autograd differentiates it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ from torch.utils.checkpoint import checkpoint
 # backward with an entropy gradient) and the bf16 gradient (2 B)
 CHUNK_ELEMENTS = 1 << 26
 CUDA_CHUNK_ELEMENTS = 1 << 28
+# A plain head's [M, V] logits are kept from the forward for the backward up to this many (2^33:
+# 16 GiB of bf16; a 0.5B Qwen's 32k-token micro-batch is ~4.4e9): the backward then skips
+# recomputing them, one matmul of the head's size. On CPU up to 2^28 (1 GiB of float32).
+KEEP_ELEMENTS = 1 << 28
+CUDA_KEEP_ELEMENTS = 1 << 33
 
 
 def _chunk(head: Callable, h: torch.Tensor, y: torch.Tensor, tau: float, with_entropy: bool):
@@ -64,19 +75,25 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, tau: float, with_entropy: bool, rows: int,  # type: ignore[override]
-                compile: bool = False):
+                compile: bool = False, keep: bool = False):
         M = hidden.shape[0]
         dt = torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(M, dtype=dt, device=hidden.device)
         lse = torch.empty(M, dtype=dt, device=hidden.device)
         ez = torch.empty(M, dtype=dt, device=hidden.device) if with_entropy else lse
         stats = _kernel(_chunk_stats, hidden, compile)
+        logits = hidden @ weight.t() if keep else None  # [M, V], kept for the backward
         for s in range(0, M, rows):
-            lp_c, lse_c, ez_c = stats(hidden[s:s + rows] @ weight.t(), tokens[s:s + rows], tau, with_entropy)
+            if keep:  # the statistics work in place on a float32 copy: float32 logits are copied first
+                z = logits[s:s + rows]
+                z = z.clone() if z.dtype == dt else z
+            else:
+                z = hidden[s:s + rows] @ weight.t()
+            lp_c, lse_c, ez_c = stats(z, tokens[s:s + rows], tau, with_entropy)
             logp[s:s + rows], lse[s:s + rows] = lp_c, lse_c
             if with_entropy:
                 ez[s:s + rows] = ez_c
-        ctx.save_for_backward(hidden, weight, tokens, lse, ez)
+        ctx.save_for_backward(hidden, weight, tokens, lse, ez, logits)
         ctx.set_materialize_grads(False)  # an unused entropy gets None, not zeros: its term is skipped
         ctx.tau, ctx.rows, ctx.with_entropy, ctx.compile = tau, rows, with_entropy, compile
         return logp, ((lse - ez) if with_entropy else None)
@@ -84,14 +101,23 @@ class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_logp, g_ent):  # type: ignore[override]
-        hidden, weight, tokens, lse, ez = ctx.saved_tensors
+        hidden, weight, tokens, lse, ez, logits = ctx.saved_tensors
         tau, rows = ctx.tau, ctx.rows
         dt = lse.dtype
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        d_hidden = torch.empty_like(hidden) if need_h else None
-        d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
         e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else None
+        if logits is not None:  # kept: each chunk becomes its dz in place, then one matmul per gradient
+            grad_into = _kernel(_chunk_grad_into, hidden, ctx.compile)
+            for s in range(0, hidden.shape[0], rows):
+                sl = slice(s, s + rows)
+                e, ez_c = (None, None) if e_all is None else (e_all[sl], ez[sl])
+                grad_into(logits[sl], tokens[sl], lse[sl], ez_c, g_logp[sl], e, tau)
+            d_hidden = (logits @ weight).to(hidden.dtype) if need_h else None
+            d_weight = (logits.t() @ hidden.to(weight.dtype)) if need_w else None
+            return d_hidden, d_weight, None, None, None, None, None, None
+        d_hidden = torch.empty_like(hidden) if need_h else None
+        d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         grad = _kernel(_chunk_grad, hidden, ctx.compile)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
@@ -102,7 +128,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 d_hidden[s:s + rows] = (dz @ weight).to(hidden.dtype)
             if need_w:  # the chunk's product in the weights' dtype, summed in float32
                 d_weight.add_(dz.t() @ h.to(weight.dtype))
-        return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None, None
+        return d_hidden, (d_weight.to(weight.dtype) if need_w else None), None, None, None, None, None, None
 
 
 def _chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_entropy: bool):
@@ -143,6 +169,12 @@ def _chunk_grad(logits, tokens, lse, ez, g, e, tau: float):
     return dz.to(logits.dtype)
 
 
+def _chunk_grad_into(logits, tokens, lse, ez, g, e, tau: float) -> None:
+    """``_chunk_grad`` written over ``logits`` (a kept chunk; under torch.compile the one kernel
+    stores into it)."""
+    logits.copy_(_chunk_grad(logits, tokens, lse, ez, g, e, tau))
+
+
 _compiled: dict = {}
 
 
@@ -175,13 +207,15 @@ def _guarded(fn, compiled):
 
 def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor,
                          temperature: float = 1.0, with_entropy: bool = False, vocab: Optional[int] = None,
-                         chunk_elements: Optional[int] = None, compile: bool = False
-                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                         chunk_elements: Optional[int] = None, compile: bool = False,
+                         keep_elements: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(logp [M], entropy [M] or None)`` of ``tokens [M]`` under ``head(hidden [M, H]) / temperature``
     (see the module doc). ``vocab`` sizes the chunks (default: one probe of the head on one row).
     Results are float32 (float64 if the head computes in float64). Differentiable in ``hidden``
     and the head's parameters. ``compile``: a plain linear head's chunk passes through torch.compile
-    (CUDA only; ``train.compile_logprobs``)."""
+    (CUDA only; ``train.compile_logprobs``). ``keep_elements``: a plain head differentiated here
+    keeps its ``[M, V]`` logits for the backward when ``M·V`` is at most this (default
+    ``KEEP_ELEMENTS`` / ``CUDA_KEEP_ELEMENTS``; 0 recomputes them in the backward)."""
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError("hidden must be [M, H] and tokens [M]")
     if temperature <= 0:
@@ -201,7 +235,10 @@ def logprobs_from_hidden(hidden: torch.Tensor, head: Callable[[torch.Tensor], to
     tokens = tokens.long()
     weight = _plain_linear_weight(head)
     if weight is not None and hidden.dtype == weight.dtype:
-        return _LinearLogprobs.apply(hidden, weight, tokens, float(temperature), with_entropy, rows, compile)
+        if keep_elements is None:
+            keep_elements = CUDA_KEEP_ELEMENTS if hidden.is_cuda else KEEP_ELEMENTS
+        keep = grad and M * int(vocab) <= keep_elements
+        return _LinearLogprobs.apply(hidden, weight, tokens, float(temperature), with_entropy, rows, compile, keep)
     lps, ents = [], []
     for s in range(0, M, rows):
         h, y = hidden[s:s + rows], tokens[s:s + rows]

@@ -56,18 +56,26 @@ ACT_BYTES_FINAL_NORM = 8
 ACT_BYTES_FINAL_NORM_LIGER = 4
 # Log-probs and entropy come from the hidden states in chunks of rows, chunk // V rows of chunk
 # logits at a time: the code's rlhf.algos.logprobs.CHUNK_ELEMENTS on CPU and CUDA_CHUNK_ELEMENTS
-# on a GPU (rlhf.spec imports no torch: a test keeps the two pairs equal). Nothing of the pass
-# grows with tokens × vocabulary: measured on an H200 (bench/update_speed, 1.5B, 16,384 and 32,768
-# tokens per micro-batch) the update's peak grows by the activations alone.
+# on a GPU (rlhf.spec imports no torch: a test keeps the two pairs equal).
 LOGITS_CHUNK = 2**26
 CUDA_LOGITS_CHUNK = 2**28
 # A plain linear head (any run below ZeRO-3 whose head has no LoRA adapter) takes the written-out
-# backward: the forward keeps per-row statistics only, and the backward's eager working set per
-# logit of a chunk is its bf16 logits 2 B + one fp32 copy 4 B + the fp32 softmax of an entropy
-# gradient 4 B + the previous chunk's bf16 gradient 2 B (the forward needs 6 B).
+# backward. It keeps the micro-batch's [t, V] logits (b B each) from the forward when t·V is at
+# most KEEP_LOGITS on CPU, CUDA_KEEP_LOGITS on a GPU (the code's rlhf.algos.logprobs.KEEP_ELEMENTS
+# and CUDA_KEEP_ELEMENTS); each chunk's gradient is then written over its logits. Its working set
+# per logit of a chunk: compiled (train.compile_logprobs, GPU) one bf16 scratch chunk, 2 B;
+# eager a fp32 copy 4 B + the fp32 softmax of an entropy gradient 4 B + the bf16 result 2 B.
+KEEP_LOGITS = 2**28
+CUDA_KEEP_LOGITS = 2**33
+KEPT_CHUNK_BYTES_PER_LOGIT_COMPILED = 2
+KEPT_CHUNK_BYTES_PER_LOGIT = 10
+# ... plus the head's weight gradient from one matmul over the micro-batch, b B per weight, when
+# the head trains (not under LoRA, whose head is frozen).
+# Past the limit the forward keeps per-row statistics only, and the backward recomputes each
+# chunk; its eager working set per logit of a chunk is its bf16 logits 2 B + one fp32 copy 4 B +
+# the fp32 softmax of an entropy gradient 4 B + the previous chunk's bf16 gradient 2 B (the forward
+# needs 6 B), and the head's weight gradient is summed over the chunks in fp32 (4 B per weight).
 LINEAR_CHUNK_BYTES_PER_LOGIT = 12
-# ... plus the head's weight gradient, summed over the chunks in fp32 (4 B per weight) when the
-# head trains (not under LoRA, whose head is frozen).
 HEAD_GRAD_BYTES = 4
 # Any other head (ZeRO-3-partitioned, LoRA-adapted) goes through autograd, each chunk checkpointed:
 # one chunk's fp32 logits, softmax and their gradients (4 B each) and the bf16 head output (2 B).
@@ -206,6 +214,12 @@ def logits_chunk(accelerator: str) -> int:
     return CUDA_LOGITS_CHUNK if accelerator == "cuda" else LOGITS_CHUNK
 
 
+def keep_logits(accelerator: str) -> int:
+    """The most logits a plain head keeps for its backward on this accelerator (rlhf.algos.logprobs'
+    limits)."""
+    return CUDA_KEEP_LOGITS if accelerator == "cuda" else KEEP_LOGITS
+
+
 def layer_activation_bytes(m: ModelSpec) -> float:
     """Bytes one decoder layer keeps per token for the backward pass: a·h + b·I + c·kv + d·heads
     (ACT_BYTES_PER_LAYER, or ACT_BYTES_PER_LAYER_LIGER with Liger's kernels; at 16 bits, float32
@@ -232,17 +246,26 @@ def activations_gb(m: ModelSpec, tokens: int) -> float:
     return (layers + final) / GB
 
 
-def logprob_pass_gb(m: ModelSpec, tokens: int, chunk: int, zero_stage: int) -> float:
+def logprob_pass_gb(m: ModelSpec, tokens: int, chunk: int, zero_stage: int, keep: int = 0,
+                    compiled: bool = False) -> float:
     """The policy's log-prob and entropy pass with gradients over a micro-batch of ``tokens``, with
-    ``chunk`` logits per chunk (``logits_chunk``): one chunk's working set, and the head's fp32
-    weight gradient when the head trains whole. A plain linear head:
-    LINEAR_CHUNK_BYTES_PER_LOGIT·min(t·V, chunk) + HEAD_GRAD_BYTES·V·h (not under LoRA); a
-    ZeRO-3-partitioned or LoRA-adapted head: CHUNK_BYTES_PER_LOGIT·min(t·V, chunk)."""
+    ``chunk`` logits per chunk (``logits_chunk``) and up to ``keep`` logits kept for the backward
+    (``keep_logits``). A plain linear head whose t·V logits fit ``keep``:
+    b·t·V + KEPT_CHUNK_BYTES_PER_LOGIT(_COMPILED)·min(t·V, chunk) + b·V·h (the weight gradient,
+    not under LoRA); past ``keep``, the larger of that at ``keep`` logits (a micro-batch with fewer
+    response tokens than ``tokens`` can still keep them) and the recomputing backward's
+    LINEAR_CHUNK_BYTES_PER_LOGIT·min(t·V, chunk) + HEAD_GRAD_BYTES·V·h; a ZeRO-3-partitioned or
+    LoRA-adapted head: CHUNK_BYTES_PER_LOGIT·min(t·V, chunk)."""
     logits = min(tokens * m.vocab, chunk)
     if zero_stage >= 3 or (m.lora.rank > 0 and "lm_head" in m.lora.target_modules):
         return CHUNK_BYTES_PER_LOGIT * logits / GB
-    head_grad = HEAD_GRAD_BYTES * m.vocab * m.hidden if m.lora.rank <= 0 else 0
-    return (LINEAR_CHUNK_BYTES_PER_LOGIT * logits + head_grad) / GB
+    b, trains_head = DTYPE_BYTES[m.dtype], m.lora.rank <= 0
+    per_logit = KEPT_CHUNK_BYTES_PER_LOGIT_COMPILED if compiled else KEPT_CHUNK_BYTES_PER_LOGIT
+    kept = b * min(tokens * m.vocab, keep) + per_logit * logits + (b * m.vocab * m.hidden if trains_head else 0)
+    if tokens * m.vocab <= keep:
+        return kept / GB
+    recomputed = LINEAR_CHUNK_BYTES_PER_LOGIT * logits + (HEAD_GRAD_BYTES * m.vocab * m.hidden if trains_head else 0)
+    return max(kept, recomputed) / GB
 
 
 def forward_pass_gb(m: ModelSpec, tokens: int, chunk: int, lm_head: bool = True) -> float:
@@ -345,7 +368,8 @@ def estimate(spec: RunSpec) -> Estimate:
         actor = states("actor", p_policy)
     actor_work = {**buffers("actor", p_lora or p_policy), "activations": activations_gb(m, tokens)}
     if lm_head:
-        actor_work["log-prob pass"] = logprob_pass_gb(m, tokens, chunk, z)
+        actor_work["log-prob pass"] = logprob_pass_gb(m, tokens, chunk, z, keep_logits(hw.accelerator),
+                                                      compiled=cuda and spec.train.compile_logprobs is not False)
     has_critic = "critic" in spec.roles
     critic = states("critic", p_value) if has_critic else {}
     critic_work = {**buffers("critic", p_value), "critic activations": activations_gb(m, tokens)} if has_critic else {}

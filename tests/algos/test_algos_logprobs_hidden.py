@@ -52,11 +52,16 @@ def test_values_match_float64_loops(tau, chunk, wrapped):
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-12)
 
 
+KEEP = [pytest.param(None, id="kept"), pytest.param(0, id="recomputed")]  # the plain head's logits
+
+
+@pytest.mark.parametrize("keep", KEEP)
 @pytest.mark.parametrize("wrapped", [False, True])  # written-out backward / checkpointed autograd
 @pytest.mark.parametrize("grads", ["both", "logp", "entropy", "no_entropy"])
-def test_gradients_match_full_softmax_autograd(wrapped, grads):
+def test_gradients_match_full_softmax_autograd(wrapped, grads, keep):
     """Chunked gradients equal autograd through the full float64 softmax: with gradients from
-    log-probs and entropy, from either alone (the other output unused), and without entropy."""
+    log-probs and entropy, from either alone (the other output unused), and without entropy; a
+    plain head's logits kept from the forward or recomputed in the backward."""
     g = torch.Generator().manual_seed(1)
     h = torch.randn(9, 6, generator=g, dtype=torch.float64, requires_grad=True)
     linear = torch.nn.Linear(6, 13, bias=False).double()
@@ -67,7 +72,8 @@ def test_gradients_match_full_softmax_autograd(wrapped, grads):
         b = torch.zeros_like(b)
     if grads == "entropy":
         a = torch.zeros_like(a)
-    lp, ent = logprobs_from_hidden(h, head, y, 0.8, with_entropy=grads != "no_entropy", chunk_elements=13 * 2)
+    lp, ent = logprobs_from_hidden(h, head, y, 0.8, with_entropy=grads != "no_entropy", chunk_elements=13 * 2,
+                                   keep_elements=keep)
     assert (ent is None) == (grads == "no_entropy")
     loss = {"both": lambda: a * lp + b * ent, "logp": lambda: a * lp, "no_entropy": lambda: a * lp,
             "entropy": lambda: b * ent}[grads]()
@@ -104,9 +110,11 @@ def test_empty_and_bad_shapes():
         logprobs_from_hidden(torch.zeros(3, 4), head, torch.zeros(3, dtype=torch.long), temperature=0.0)
 
 
-def test_bf16_gradients_close_to_float64():
-    """bf16 weights and hidden states: the written-out backward (float32 sums over chunks) stays
-    within bf16 rounding of the float64 gradients."""
+@pytest.mark.parametrize("keep", KEEP)
+def test_bf16_gradients_close_to_float64(keep):
+    """bf16 weights and hidden states: the written-out backward (kept logits: one matmul per
+    gradient; recomputed: float32 sums over chunks) stays within bf16 rounding of the float64
+    gradients."""
     g = torch.Generator().manual_seed(3)
     h = torch.randn(40, 32, generator=g)
     W = torch.randn(50, 32, generator=g) * 0.3
@@ -115,7 +123,7 @@ def test_bf16_gradients_close_to_float64():
     head = torch.nn.Linear(32, 50, bias=False).bfloat16()
     head.weight.data.copy_(W.bfloat16())
     hb = h.bfloat16().requires_grad_()
-    lp, ent = logprobs_from_hidden(hb, head, y, with_entropy=True, chunk_elements=50 * 7)
+    lp, ent = logprobs_from_hidden(hb, head, y, with_entropy=True, chunk_elements=50 * 7, keep_elements=keep)
     (a * lp + 0.1 * a * ent).sum().backward()
     hd = h.bfloat16().double().requires_grad_()
     Wd = W.bfloat16().double().requires_grad_()
@@ -126,3 +134,20 @@ def test_bf16_gradients_close_to_float64():
     for got, want in ((hb.grad, hd.grad), (head.weight.grad, Wd.grad)):
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel < 2e-2, rel
+
+
+@pytest.mark.parametrize("M, keep, kept", [(9, None, True), (9, 9 * 13, True), (9, 9 * 13 - 1, False), (9, 0, False)])
+def test_logits_are_kept_only_within_the_limit_and_only_for_a_backward(M, keep, kept):
+    """The [M, V] logits are saved for the backward exactly when M·V <= keep_elements (the plan
+    counts them: rlhf.plan.memory.logprob_pass_gb), and never by a pass without gradients."""
+    g = torch.Generator().manual_seed(4)
+    head = torch.nn.Linear(6, 13, bias=False)
+    y = torch.randint(0, 13, (M,), generator=g)
+    for needs_grad in (True, False):
+        h = torch.randn(M, 6, generator=g, requires_grad=needs_grad)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+            with torch.set_grad_enabled(needs_grad):
+                head.weight.requires_grad_(needs_grad)
+                logprobs_from_hidden(h, head, y, with_entropy=True, chunk_elements=13 * 2, keep_elements=keep)
+        assert ((M, 13) in saved) == (kept and needs_grad), saved

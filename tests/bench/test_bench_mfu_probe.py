@@ -58,7 +58,8 @@ def test_variants_run_and_count_their_budgets(rows):
 def test_head_alone_rows(rows):
     h = rows["head_only"]
     assert h["head_tokens"] == h["predicted_tokens"] or h["head_tokens"] < h["predicted_tokens"]
-    assert set(h["heads"]) == {"product_compiled", "product_compiled_no_entropy", "product_eager"}
+    assert set(h["heads"]) == {"product_compiled", "product_compiled_recomputed", "product_compiled_no_entropy",
+                               "product_eager", "product_eager_recomputed"}
     assert all(v["s"] > 0 for v in h["heads"].values())
     assert h["head_flops"] == 3 * 2 * h["head_tokens"] * 256 * 64
 
@@ -146,6 +147,29 @@ def test_whole_probe_in_child_processes_with_deepspeed(tiny, tmp_path):
     lc = out["layers_compiled"]  # dynamo traced the decoder layer as the packed pass calls it, in one graph
     assert "aot_eager" in " ".join(lc["notes"]) and lc["graphs"] >= 1 and lc["s"] > 0
     assert (tmp_path / "mfu_probe_defaults.log").exists()
+
+
+def test_head_alone_times_kept_and_recomputed_logits(tiny):
+    a = mp.parser().parse_args(ARGS + ["--model", tiny])
+    row = mp.run_variant("head_only_no_liger", tiny, a, "cpu", time.time() + 300)
+    heads = row["heads"]
+    for name in ("product_compiled", "product_compiled_recomputed", "product_eager", "product_eager_recomputed"):
+        assert heads[name]["s"] > 0, name
+    assert "head_only/product_eager_recomputed" in mp.table([row], 989.0)
+
+
+def test_the_optimizer_step_is_profiled_alone(tiny, monkeypatch):
+    """A DeepSpeed variant with ``step_profile`` gets a profile of its boundary's ``engine.step()`` only:
+    on CPU its operators are the optimizer's (no forward's matmuls)."""
+    import dataclasses
+
+    monkeypatch.setitem(mp.VARIANTS, "deepspeed", dataclasses.replace(mp.VARIANTS["deepspeed"], step_profile=True))
+    a = mp.parser().parse_args(ARGS + ["--model", tiny, "--repeats", "1"])
+    row = mp.run_variant("deepspeed", tiny, a, "cpu", time.time() + 300)
+    prof = row["step_profile"]
+    names = " ".join(t["name"] for t in prof["top"])
+    assert prof["kernels"] > 0 and "aten::addcdiv_" in names and "aten::mm" not in names, names  # Adam's update
+    assert "optimizer step of deepspeed" in mp.table([row], 989.0)
 
 
 def test_entropy_is_a_statistic_unless_weighted():

@@ -73,13 +73,20 @@ def doc_activations(m: dict, t: int, checkpointing: bool, liger: bool = False) -
     return (layers + (4 if liger else 8) * h * t * b / 2) / 1e9
 
 
-def doc_logprob(m: dict, t: int, zero_stage: int, chunk: int = CUDA_CHUNK, lora: bool = False) -> float:
-    """One chunk's working set: 12 B per logit with the written-out head backward, plus the head's
-    fp32 weight gradient 4·V·h when it trains; 18 B per logit for a ZeRO-3 head (autograd)."""
-    logits = min(t * m["vocab"], chunk)
+def doc_logprob(m: dict, t: int, zero_stage: int, chunk: int = CUDA_CHUNK, lora: bool = False,
+                keep: int = 2**33, compiled: bool = True) -> float:
+    """docs/memory.md's log-prob pass: a plain head keeps its t·V bf16 logits up to ``keep`` of them,
+    with k B per logit of one chunk (2 compiled, 10 eager) and its bf16 weight gradient 2·V·h when
+    it trains; past ``keep`` the larger of that at ``keep`` and the recomputing backward's 12 B per
+    logit of a chunk + 4·V·h; 18 B per logit of a chunk for a ZeRO-3 head (autograd)."""
+    V, h = m["vocab"], m["hidden"]
+    logits = min(t * V, chunk)
     if zero_stage == 3:
         return 18 * logits / 1e9
-    return (12 * logits + (0 if lora else 4 * m["vocab"] * m["hidden"])) / 1e9
+    k, head = (2 if compiled else 10), (0 if lora else 2 * V * h)
+    if t * V <= keep:
+        return (2 * t * V + k * logits + head) / 1e9
+    return max(2 * keep + k * logits + head, 12 * logits + (0 if lora else 4 * V * h)) / 1e9
 
 
 def doc_forward_pass(m: dict, t: int, chunk: int = CUDA_CHUNK, liger: bool = False) -> float:
@@ -333,7 +340,10 @@ def test_the_doc_states_the_constants_the_code_uses():
     assert f"| {memory.HOST_FIT_MARGIN:g} | `HOST_FIT_MARGIN`" in text
     assert memory.LOGITS_CHUNK == 2**26 and "| 2²⁶ | `LOGITS_CHUNK`" in text
     assert memory.CUDA_LOGITS_CHUNK == 2**28 and "| 2²⁸ | `CUDA_LOGITS_CHUNK`" in text
+    assert memory.KEEP_LOGITS == 2**28 and "| 2²⁸ | `KEEP_LOGITS`" in text
+    assert memory.CUDA_KEEP_LOGITS == 2**33 and "| 2³³ | `CUDA_KEEP_LOGITS`" in text
     for name in ("LINEAR_CHUNK_BYTES_PER_LOGIT", "HEAD_GRAD_BYTES", "CHUNK_BYTES_PER_LOGIT",
+                 "KEPT_CHUNK_BYTES_PER_LOGIT", "KEPT_CHUNK_BYTES_PER_LOGIT_COMPILED",
                  "FORWARD_CHUNK_BYTES_PER_LOGIT", "HOST_OFFLOAD_BYTES", "HOST_LOAD_TRAINED_BYTES"):
         assert f"| {getattr(memory, name)} B | `{name}`" in text, name
     for name in ("HOST_PROCESS_GB", "HOST_DRIVER_GB"):
@@ -351,6 +361,8 @@ def test_the_plan_chunks_the_logits_as_the_code_does():
     assert memory.CUDA_LOGITS_CHUNK == logprobs.CUDA_CHUNK_ELEMENTS
     assert memory.logits_chunk("cuda") == logprobs.CUDA_CHUNK_ELEMENTS
     assert memory.logits_chunk("cpu") == logprobs.CHUNK_ELEMENTS
+    assert memory.keep_logits("cuda") == logprobs.CUDA_KEEP_ELEMENTS == memory.CUDA_KEEP_LOGITS
+    assert memory.keep_logits("cpu") == logprobs.KEEP_ELEMENTS == memory.KEEP_LOGITS
 
 
 def _spec(m: dict, **kw) -> ModelSpec:
@@ -376,9 +388,11 @@ def test_liger_kernels_keep_8h_plus_2i_less_per_layer_and_4h_less_in_the_final_n
         pytest.approx((8 * h + 2 * I) * t * scale / 1e9, rel=1e-12)
 
 
-def test_the_log_prob_pass_stops_growing_at_one_chunk(capsys):
-    """Past one chunk of logits (2^28 on a GPU: 1,766 tokens of a 151,936 vocabulary) more tokens
-    per micro-batch add nothing to the log-prob pass: only the activations grow."""
+def test_the_log_prob_pass_keeps_the_logits_up_to_the_limit(capsys):
+    """A plain head keeps its micro-batch's bf16 logits for the backward (2·t·V) up to 2^33 of them
+    on a GPU, beside one compiled chunk's scratch (2 B per logit of a 2^28 chunk) and the bf16 weight
+    gradient (2·V·h); past the limit the figure stays at the limit's (a micro-batch with fewer
+    response tokens may keep that many)."""
     m = load("model", "qwen2.5-1.5b")
     V, h = m["vocab"], m["hidden"]
     base = ("model=qwen2.5-1.5b", "hardware=1xh200", "model.liger_kernels=true", "train.zero_stage=2",
@@ -388,12 +402,33 @@ def test_the_log_prob_pass_stops_growing_at_one_chunk(capsys):
     for t in (512, 4096, 32768, 65536):
         out = plan(capsys, *base, f"train.max_tokens_per_micro_batch={t}")
         figures[t] = figure(out, "training phase:", "log-prob pass")
-        assert figures[t] == pytest.approx((12 * min(t * V, 2**28) + 4 * V * h) / 1e9, abs=0.051), t
-    assert figures[512] < figures[4096] == figures[32768] == figures[65536]
+        want = 2 * min(t * V, 2**33) + 2 * min(t * V, 2**28) + 2 * V * h
+        assert figures[t] == pytest.approx(want / 1e9, abs=0.051), t
+    assert figures[512] < figures[4096] < figures[32768] < figures[65536]
+    assert figures[65536] == pytest.approx((2 * 2**33 + 2 * 2**28 + 2 * V * h) / 1e9, abs=0.051)
+    # eager chunk passes (train.compile_logprobs=false): 10 B per logit of a chunk
+    out = plan(capsys, *base, "train.max_tokens_per_micro_batch=4096", "train.compile_logprobs=false")
+    assert figure(out, "training phase:", "log-prob pass") == \
+        pytest.approx((2 * 4096 * V + 10 * 2**28 + 2 * V * h) / 1e9, abs=0.051)
+
+
+def test_past_the_limit_the_log_prob_pass_is_the_larger_of_keeping_and_recomputing():
+    m = _spec(load("model", "qwen2.5-1.5b"))
+    V, h = m.vocab, m.hidden
+    # a small limit: recomputing each chunk (12 B per logit, fp32 weight gradient) is the larger
+    assert memory.logprob_pass_gb(m, 65536, 2**28, 2, keep=2**20, compiled=True) == \
+        pytest.approx((12 * 2**28 + 4 * V * h) / 1e9, rel=1e-12)
+    assert memory.logprob_pass_gb(m, 65536, 2**28, 2, keep=0) == pytest.approx((12 * 2**28 + 4 * V * h) / 1e9, rel=1e-12)
     # LoRA: the head is frozen, no weight gradient; on CPU the chunk is 2^26 logits
-    lora = _spec(m, lora=LoraSpec(rank=16))
+    lora = _spec(load("model", "qwen2.5-1.5b"), lora=LoraSpec(rank=16))
     assert memory.logprob_pass_gb(lora, 65536, 2**28, zero_stage=2) == pytest.approx(12 * 2**28 / 1e9, rel=1e-12)
     assert memory.logprob_pass_gb(lora, 65536, 2**26, zero_stage=0) == pytest.approx(12 * 2**26 / 1e9, rel=1e-12)
+    assert memory.logprob_pass_gb(lora, 4096, 2**28, 2, keep=2**33, compiled=True) == \
+        pytest.approx((2 * 4096 * V + 2 * 2**28) / 1e9, rel=1e-12)
+    # float32 weights keep float32 logits
+    f32 = _spec(load("model", "qwen2.5-1.5b"), dtype="float32")
+    assert memory.logprob_pass_gb(f32, 100, 2**26, 0, keep=2**28) == \
+        pytest.approx((4 * 100 * V + 10 * 100 * V + 4 * V * h) / 1e9, rel=1e-12)
 
 
 # ---- host memory (per node)
