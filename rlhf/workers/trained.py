@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from rlhf.workers import export
-from rlhf.workers.model import ModelWorker, ds_config, hf_model
+from rlhf.workers.model import ModelWorker, ds_config, hf_model, optimizer_skips_non_finite
 from rlhf.workers.sync_cuda import TrainStates
 
 if TYPE_CHECKING:
@@ -30,7 +30,24 @@ def _optimizer(spec: RunSpec, params, lr: float):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(params, lr=lr, weight_decay=wd, adamw_mode=True)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
+    if optimizer_skips_non_finite(spec):
+        opt.register_step_pre_hook(_find_non_finite)
+    return opt
+
+
+def _find_non_finite(optimizer, args, kwargs) -> None:
+    """Before a step: ``optimizer.found_inf`` = 1 where any gradient holds an inf or a NaN (its norm
+    is not finite), computed on the device without waiting for it. Torch's fused AdamW then leaves
+    every parameter, moment and step count as they were, as it does for AMP's GradScaler: the step is
+    skipped, as DeepSpeed's bf16 overflow check would skip it (ds_config turns that check off here).
+    Under ZeRO-1/2 DeepSpeed hands the optimizer one flat fp32 partition per group: one norm."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        optimizer.found_inf = None
+        return
+    norms = torch.stack(torch._foreach_norm(grads))
+    optimizer.found_inf = (~torch.isfinite(norms)).any().float()
 
 
 def _warmup(optimizer, warmup_steps: int):
@@ -96,6 +113,9 @@ class TrainedWorker(ModelWorker):
         if boundary:
             gn = self.engine.get_global_grad_norm()
             self.last_grad_norm = float(gn) if gn is not None else summed
+            if self.last_grad_norm is not None and self.last_grad_norm < 0:
+                # DeepSpeed's ZeRO masks a non-finite norm as -1 (its step then skipped: _find_non_finite)
+                self.last_grad_norm = float("inf")
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), on the CPU, None on other ranks: what

@@ -1,0 +1,80 @@
+"""A step with a non-finite gradient is skipped by the fused AdamW itself on CUDA ZeRO-1/2 runs
+(rlhf.workers.trained._find_non_finite), where ds_config turns DeepSpeed's bf16 overflow check off
+(rlhf.workers.model.optimizer_skips_non_finite); everywhere else DeepSpeed's check stays. The fused
+AdamW runs on CPU too, so the skip itself is tested here; the DeepSpeed engine around it on the GPU
+(tests/gpu/test_optimizer_step.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhf.workers.model import ds_config, optimizer_skips_non_finite
+from rlhf.workers.trained import _find_non_finite, _optimizer
+
+
+def _spec(device="cuda", dtype="bfloat16", zero=1, offload=False):
+    return SimpleNamespace(device=device, model=SimpleNamespace(dtype=dtype),
+                           train=SimpleNamespace(zero_stage=zero, offload_optimizer=offload),
+                           batch=SimpleNamespace(micro_batch_size=1, grad_accum=1),
+                           algo=SimpleNamespace(weight_decay=0.01))
+
+
+@pytest.mark.parametrize("kw, skips", [({}, True), ({"zero": 2}, True), ({"zero": 0}, False), ({"zero": 3}, False),
+                                       ({"offload": True}, False), ({"device": "cpu"}, False),
+                                       ({"dtype": "float16"}, False)])
+def test_deepspeed_checks_overflow_wherever_the_optimizer_does_not(kw, skips):
+    spec = _spec(**kw)
+    assert optimizer_skips_non_finite(spec) is skips
+    cfg = ds_config(spec, 0, 1.0, 1)
+    assert cfg["bf16"]["check_grad_overflow"] is (not skips)
+
+
+def _fused_adamw(*params):
+    opt = torch.optim.AdamW(params, lr=0.1, weight_decay=0.01, fused=True)  # fused runs on CPU since torch 2.4
+    opt.register_step_pre_hook(_find_non_finite)
+    return opt
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_gradient_leaves_weights_moments_and_step_count_as_they_were(bad):
+    p, q = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.full((3,), 2.0))
+    opt = _fused_adamw(p, q)
+    p.grad, q.grad = torch.ones(4), torch.ones(3)
+    opt.step()
+    assert float(opt.found_inf) == 0.0 and (p.data < 1).all() and float(opt.state[p]["step"]) == 1
+    kept = {name: t.clone() for name, t in (("p", p.data), ("q", q.data), ("m", opt.state[p]["exp_avg"]),
+                                             ("v", opt.state[q]["exp_avg_sq"]), ("step", opt.state[p]["step"]))}
+    p.grad, q.grad = torch.tensor([1.0, bad, 1.0, 1.0]), torch.ones(3)  # one bad entry in one tensor
+    opt.step()
+    assert float(opt.found_inf) == 1.0
+    for name, t in (("p", p.data), ("q", q.data), ("m", opt.state[p]["exp_avg"]), ("v", opt.state[q]["exp_avg_sq"]),
+                    ("step", opt.state[p]["step"])):
+        assert torch.equal(t, kept[name]), name
+    p.grad, q.grad = torch.ones(4), torch.ones(3)  # the next finite step goes on from where it was
+    opt.step()
+    assert float(opt.found_inf) == 0.0 and float(opt.state[p]["step"]) == 2 and (p.data < kept["p"]).all()
+
+
+def test_the_skip_matches_a_step_never_taken():
+    """Finite, bad, finite: the weights equal those of the two finite steps alone."""
+    torch.manual_seed(0)
+    g1, g2 = torch.randn(5), torch.randn(5)
+    a, b = torch.nn.Parameter(torch.randn(5)), None
+    b = torch.nn.Parameter(a.data.clone())
+    opt_a, opt_b = _fused_adamw(a), _fused_adamw(b)
+    for g in (g1, torch.full((5,), float("nan")), g2):
+        a.grad = g.clone()
+        opt_a.step()
+    for g in (g1, g2):
+        b.grad = g.clone()
+        opt_b.step()
+    assert torch.equal(a.data, b.data)
+
+
+def test_the_product_optimizer_gets_the_check_only_where_deepspeed_does_not_check():
+    for spec, hooked in ((_spec(device="cuda"), True), (_spec(device="cuda", zero=3), False), (_spec(device="cpu"), False)):
+        opt = _optimizer(spec, [torch.nn.Parameter(torch.ones(2))], 1e-3)
+        assert (_find_non_finite in opt._optimizer_step_pre_hooks.values()) is hooked
