@@ -7,9 +7,10 @@ For the policy's tokens only (M of them, not every position of the batch), with 
     logp_m   = z_m[y_m] - logsumexp(z_m)
     H_m      = logsumexp(z_m) - sum_v softmax(z_m)_v z_m,v          (entropy, same pass)
 
-Each chunk's logits exist only while that chunk is computed, so neither ``[M, V]`` logits nor
-their float32 copies are kept — the memory of one chunk instead of the whole vocabulary-sized
-tensor, and one matmul over the response tokens instead of the model's full ``[B, T, V]`` head.
+The float32 work (log-sum-exp, entropy, the gradient) runs a chunk of rows at a time, so float32
+copies of the logits exist for one chunk only, and the head is one matmul over the response tokens
+instead of the model's full ``[B, T, V]`` head. The ``[M, V]`` logits themselves (in the head's
+dtype) are kept for the backward only by a plain head being differentiated, within a limit (below).
 
 With a plain linear head (no bias, weight not partitioned) the backward pass is written out:
 forward keeps ``h``, ``lse_m`` and ``E_p[z_m]``, and the backward forms
