@@ -17,9 +17,13 @@ Variants (``VARIANTS``): the GPU defaults (Liger RMSNorm/SwiGLU/RoPE, compiled h
 "max-autotune-no-cudagraphs"), with and without Liger; the defaults through a DeepSpeed ZeRO-2 engine
 with the product's optimizer and an optimizer step (what ``perf/mfu`` of the loop times, with
 ``time/actor_optimizer_step`` apart; ZeRO-1 and 0 beside it); the head alone (product compiled / eager,
-with and without entropy, Liger's FLCE) on the defaults' hidden states; the defaults at 1.5B. Variants flagged
+with and without entropy, Liger's FLCE) on the defaults' hidden states; the defaults at 1.5B; the head's
+logits kept for its backward (the product) against recomputed there (groups ``head_keep``,
+``head_keep_15b``); the optimizer step with the fused AdamW's own non-finite skip (the product) against
+DeepSpeed's bf16 overflow check (``optimizer_step``). Variants flagged
 ``profile`` get a torch.profiler breakdown of one update: top CUDA kernels, kernel count, GPU idle
-fraction between the first and last kernel, time by kind (matmul, attention, elementwise, ...).
+fraction between the first and last kernel, time by kind (matmul, attention, elementwise, ...);
+``step_profile`` the same of DeepSpeed's optimizer step alone.
 
 Each group runs in its own process (Liger patches transformers' Qwen2 module globally, so variants
 without it run before it is applied; a compile that hangs is killed with its process group), under
