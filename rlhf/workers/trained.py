@@ -24,7 +24,8 @@ Stats = dict[str, tuple[float, float]]
 def _optimizer(spec: RunSpec, params, lr: float):
     """AdamW for the trained parameters. With the optimizer offloaded to host memory on GPU runs,
     DeepSpeed's CPU Adam (vectorised C++, the only optimizer DeepSpeed steps on the host at speed);
-    otherwise torch's AdamW (fused on CUDA)."""
+    otherwise torch's AdamW (fused on CUDA; at ZeRO-1/2 there it skips a step whose gradients are
+    not finite itself: ``_find_non_finite``)."""
     wd = spec.algo.weight_decay
     if spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -41,13 +42,22 @@ def _find_non_finite(optimizer, args, kwargs) -> None:
     is not finite), computed on the device without waiting for it. Torch's fused AdamW then leaves
     every parameter, moment and step count as they were, as it does for AMP's GradScaler: the step is
     skipped, as DeepSpeed's bf16 overflow check would skip it (ds_config turns that check off here).
-    Under ZeRO-1/2 DeepSpeed hands the optimizer one flat fp32 partition per group: one norm."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
+    Under ZeRO-1/2 DeepSpeed hands the optimizer one flat fp32 partition per group: one norm. Each
+    rank holds its own partition, so the flag is reduced over the ranks (a scalar, asynchronously):
+    every rank skips together, as with DeepSpeed's check."""
+    import torch.distributed as dist
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params:
         optimizer.found_inf = None
         return
-    norms = torch.stack(torch._foreach_norm(grads))
-    optimizer.found_inf = (~torch.isfinite(norms)).any().float()
+    grads = [p.grad for p in params if p.grad is not None]
+    found = torch.zeros((), device=params[0].device)  # a rank without gradients still joins the reduction
+    if grads:
+        found = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    optimizer.found_inf = found
 
 
 def _warmup(optimizer, warmup_steps: int):

@@ -78,3 +78,27 @@ def test_the_product_optimizer_gets_the_check_only_where_deepspeed_does_not_chec
     for spec, hooked in ((_spec(device="cuda"), True), (_spec(device="cuda", zero=3), False), (_spec(device="cpu"), False)):
         opt = _optimizer(spec, [torch.nn.Parameter(torch.ones(2))], 1e-3)
         assert (_find_non_finite in opt._optimizer_step_pre_hooks.values()) is hooked
+
+
+def _two_ranks(rank: int, init: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = _fused_adamw(p)
+    p.grad = torch.ones(4)
+    opt.step()
+    before = p.data.clone()
+    p.grad = torch.tensor([1.0, float("nan"), 1.0, 1.0]) if rank == 0 else torch.ones(4)  # only rank 0's is bad
+    opt.step()
+    torch.save({"skipped": torch.equal(p.data, before), "found": float(opt.found_inf)}, f"{out}/{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_every_rank_skips_when_one_ranks_partition_is_not_finite(tmp_path):
+    """Under ZeRO-1/2 each rank steps its own partition: the flag is reduced over the ranks, so a NaN in
+    rank 0's partition skips rank 1's step too (DeepSpeed's check did the same)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_ranks, args=(f"file://{tmp_path}/store", str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert got == {"skipped": True, "found": 1.0}, (rank, got)
