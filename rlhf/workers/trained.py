@@ -54,7 +54,7 @@ def _find_non_finite(optimizer, args, kwargs) -> None:
     grads = [p.grad for p in params if p.grad is not None]
     found = torch.zeros((), device=params[0].device)  # a rank without gradients still joins the reduction
     if grads:
-        found = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float()
+        found = (~torch.isfinite(torch.nn.utils.get_total_norm(grads))).float()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
     optimizer.found_inf = found
