@@ -70,7 +70,10 @@ class Variant:
     preset: Optional[str] = None  # another model shape (the group's model otherwise)
     profile: bool = False
     step_profile: bool = False  # DeepSpeed variants: a torch.profiler breakdown of the optimizer step alone
-    deepspeed_check: bool = False  # DeepSpeed's own bf16 overflow check instead of the fused AdamW's (before s23)
+    # who takes the gradient norm, clips and skips a non-finite step: "optimizer" (the fused AdamW's StepChecks,
+    # the product since s24), "deepspeed_norm" (DeepSpeed's norm and clip, the optimizer's skip: s23),
+    # "deepspeed" (DeepSpeed's norm, clip and bf16 overflow check: before s23)
+    checks: str = "optimizer"
     est_s: float = 15.0
 
 
@@ -105,9 +108,12 @@ VARIANTS: dict[str, Variant] = {
     "deepspeed_z1_compiled": Variant("compiled layers via DeepSpeed ZeRO-1 + optimizer step (the loop's update)",
                                      liger=False, layers="default", deepspeed=True, zero=1, step_profile=True,
                                      est_s=60),
-    "deepspeed_z1_compiled_check": Variant("the same with DeepSpeed's bf16 overflow check (the product before)",
+    "deepspeed_z1_compiled_check": Variant("the same with DeepSpeed's norm, clip, bf16 overflow check (before s23)",
                                            liger=False, layers="default", deepspeed=True, zero=1,
-                                           step_profile=True, deepspeed_check=True, est_s=30),
+                                           step_profile=True, checks="deepspeed", est_s=30),
+    "deepspeed_z1_compiled_ds_norm": Variant("the same with DeepSpeed's norm and clip, the optimizer's skip (s23)",
+                                             liger=False, layers="default", deepspeed=True, zero=1,
+                                             step_profile=True, checks="deepspeed_norm", est_s=30),
     "layers_compiled_15b_16k": Variant("compiled layers at 1.5B, ≤ 16,384 tokens (the loop's budget there)",
                                        liger=False, layers="default", tokens=16384, preset="qwen2.5-1.5b",
                                        est_s=80),
@@ -127,7 +133,8 @@ GROUPS: list[tuple[str, list[str], float]] = [
     ("head_keep", ["layers_compiled", "layers_compiled_recompute", "head_only_no_liger", "deepspeed_z1_compiled"],
      230),
     ("head_keep_15b", ["layers_compiled_15b_16k", "layers_compiled_15b_16k_recompute"], 170),
-    ("optimizer_step", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_check"], 200),
+    ("optimizer_step", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_ds_norm", "deepspeed_z1_compiled_check"],
+     230),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
 
@@ -279,11 +286,11 @@ def update(model, micro: list[dict], head, device: str, engine=None, entropy_coe
     return opt_s
 
 
-def _deepspeed(model, n_micro: int, device: str, zero: int = 2, deepspeed_check: bool = False):
+def _deepspeed(model, n_micro: int, device: str, zero: int = 2, checks: str = "optimizer"):
     """The actor's engine as ``TrainedWorker._initialize`` builds it: the product's DeepSpeed config
-    (bf16, ZeRO ``zero`` on a GPU) and optimizer (torch's fused AdamW, skipping a non-finite step
-    itself at ZeRO-1/2); ``deepspeed_check``: DeepSpeed's bf16 overflow check instead, the optimizer
-    plain (the product before the twenty-third session)."""
+    (bf16, ZeRO ``zero`` on a GPU) and optimizer (torch's fused AdamW, at ZeRO-1/2 taking the norm,
+    clipping and skipping a non-finite step itself); ``checks`` (``Variant.checks``) gives DeepSpeed
+    those jobs back as the product did before."""
     from types import SimpleNamespace
 
     import deepspeed
@@ -308,14 +315,21 @@ def _deepspeed(model, n_micro: int, device: str, zero: int = 2, deepspeed_check:
         batch=SimpleNamespace(micro_batch_size=1, grad_accum=n_micro),
         train=SimpleNamespace(zero_stage=zero if device == "cuda" else 0, offload_optimizer=False),
         model=SimpleNamespace(dtype="bfloat16" if device == "cuda" else "float32"),
-        algo=SimpleNamespace(weight_decay=0.0))
+        algo=SimpleNamespace(weight_decay=0.0, max_grad_norm=1.0))
     params = [p for p in model.parameters() if p.requires_grad]
     cfg = ds_config(spec, 0, 1.0, 1)
-    if deepspeed_check:
-        opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0, fused=device == "cuda")
-        cfg["bf16"]["check_grad_overflow"] = True
-    else:
+    if checks == "optimizer":
         opt = _optimizer(spec, params, 1e-6)
+    else:
+        from rlhf.workers.trained import StepChecks
+
+        opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0, fused=device == "cuda")
+        cfg["gradient_clipping"] = 1.0
+        cfg["zero_optimization"].pop("compute_grad_norm", None)
+        if checks == "deepspeed":
+            cfg["bf16"]["check_grad_overflow"] = True
+        else:  # the twenty-third session's: the optimizer's norm for its skip alone, no clipping
+            opt.register_step_pre_hook(StepChecks(0.0))
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
     return engine
 
@@ -338,7 +352,7 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
     micro = micro_batches(batch, max(1, int(v.tokens * a.tokens_scale)))
     shape = flop_shape(model)
     flops = counted_flops(shape, micro)
-    engine = _deepspeed(model, len(micro), device, v.zero, v.deepspeed_check) if v.deepspeed else None
+    engine = _deepspeed(model, len(micro), device, v.zero, v.checks) if v.deepspeed else None
     fwd_model = engine.module if engine is not None else model
     row.update(micro_batch_tokens=[int(p["input_ids"].numel()) for p in micro],
                predicted_tokens=sum(len(p["targets"]) for p in micro), flops=flops,

@@ -65,6 +65,7 @@ PYTEST="$PY -m pytest -c scripts/pytest-gpu.ini --rootdir=. -m gpu -v -rA --dura
 # name | lane (0, 1 or both) | timeout s | command      (in priority order within a lane)
 JOBS=$(cat <<'T'
 tests-kernels|0|240|$PYTEST tests/gpu/test_packed_kernels.py
+tests-optimizer|0|150|$PYTEST tests/gpu/test_optimizer_step.py
 update-speed|0|300|$PY -m bench.update_speed
 mfu-probe|0|405|$PY -m bench.mfu_probe ${MFU_PROBE_ARGS:-}
 mfu-loop|0|420|$PY -m bench.e2e_trl --sides ours --side-reserve-s 0 --warmup 2 --steps 4 --ours-tokens 0 ${MFU_LOOP_ARGS:-}

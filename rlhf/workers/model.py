@@ -21,14 +21,15 @@ if TYPE_CHECKING:
     from rlhf.spec.runspec import RunSpec
 
 
-def optimizer_skips_non_finite(spec: RunSpec) -> bool:
-    """Whether a step with a non-finite gradient is skipped by the optimizer itself (torch's fused
-    AdamW given ``found_inf``: rlhf.workers.trained) instead of DeepSpeed's bf16 overflow check: on
-    CUDA at ZeRO-1/2 with the optimizer on the GPU. DeepSpeed's check tests every gradient tensor
-    apart (six small kernels each) and then waits for the GPU (``.item()``) in the middle of its
-    step, so the step's remaining kernels are launched with the GPU idle (BENCHMARKS §12: 4,801
-    kernels, 85 % idle); the fused optimizer's skip is one norm over its flat partition, on the
-    device."""
+def optimizer_checks_its_step(spec: RunSpec) -> bool:
+    """Whether the fused AdamW itself takes the global gradient norm, clips to it and skips a step whose
+    gradients are not finite (``rlhf.workers.trained.StepChecks``, given ``found_inf`` as under AMP's
+    GradScaler), with DeepSpeed's own norm, clipping and bf16 overflow check off: on CUDA at ZeRO-1/2
+    with the optimizer on the GPU. DeepSpeed's check tests every gradient tensor apart (six small kernels
+    each) and then waits for the GPU (``.item()``) in the middle of its step, so the step's remaining
+    kernels are launched with the GPU idle (BENCHMARKS §12: 4,801 kernels, 85 % idle); its norm is a
+    float64 copy and a norm per tensor (580 more kernels). The optimizer's checks are one norm over its
+    flat partition, on the device."""
     t = spec.train
     return spec.device == "cuda" and spec.model.dtype == "bfloat16" and t.zero_stage in (1, 2) \
         and not t.offload_optimizer
@@ -38,19 +39,21 @@ def ds_config(spec: RunSpec, lr_warmup: int, max_grad_norm: float, world_size: i
     """DeepSpeed's config for a role of ``world_size`` ranks (the critic, the reference may have
     fewer than the actor: DeepSpeed checks micro × accumulation × ranks = batch)."""
     b = spec.batch
+    own_checks = optimizer and optimizer_checks_its_step(spec)  # the optimizer clips to max_grad_norm, not DeepSpeed
     cfg: dict = {
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": b.grad_accum,
         "train_batch_size": b.micro_batch_size * b.grad_accum * world_size,
-        "gradient_clipping": max_grad_norm,
+        "gradient_clipping": 0.0 if own_checks else max_grad_norm,
         "zero_optimization": {"stage": spec.train.zero_stage},
-        "bf16": {"enabled": spec.model.dtype == "bfloat16",
-                 "check_grad_overflow": not optimizer_skips_non_finite(spec)},
+        "bf16": {"enabled": spec.model.dtype == "bfloat16", "check_grad_overflow": not own_checks},
         "fp16": {"enabled": spec.model.dtype == "float16"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if own_checks:
+        cfg["zero_optimization"]["compute_grad_norm"] = False
     if spec.train.offload_optimizer and spec.train.zero_stage > 0:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": spec.device == "cuda"}
         # on CPU the "offloaded" optimizer is where it always was: torch's AdamW steps it, and
@@ -59,6 +62,28 @@ def ds_config(spec: RunSpec, lr_warmup: int, max_grad_norm: float, world_size: i
     if not optimizer:
         cfg.pop("gradient_clipping")
     return cfg
+
+
+def load_engine_checkpoint(engine, folder, strict: bool = True) -> Optional[str]:
+    """DeepSpeed's ``load_checkpoint`` of the weights, optimizer and scheduler saved under ``folder``
+    (tag ``ds``); the loaded path, None if there is none. The run keeps its own gradient clipping:
+    DeepSpeed's ZeRO-1/2 optimizer would take the checkpoint's (``clip_grad``), and refuses a checkpoint
+    saved with its clipping on where its norm is off (``optimizer_checks_its_step``: the fused AdamW clips
+    instead), e.g. one written before that change or with the optimizer offloaded."""
+    opt = getattr(engine, "optimizer", None)
+    clip = getattr(opt, "clip_grad", None)
+    own_norm = getattr(opt, "compute_grad_norm", True) is False
+    if own_norm:
+        opt.compute_grad_norm = True
+    try:
+        loaded, _ = engine.load_checkpoint(str(folder), tag="ds", load_optimizer_states=True,
+                                           load_lr_scheduler_states=True, load_module_strict=strict)
+    finally:
+        if own_norm:
+            opt.compute_grad_norm = False
+        if clip is not None:
+            opt.clip_grad = clip
+    return loaded
 
 
 def to_device(batch: Batch, device) -> Batch:
@@ -247,8 +272,7 @@ class ModelWorker(Worker):
         from rlhf.ckpt.state import set_rng_state
 
         folder = Path(path) / self.role
-        loaded, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True, load_module_strict=not self.lora)
+        loaded = load_engine_checkpoint(self.engine, folder, strict=not self.lora)
         if loaded is None:
             raise RuntimeError(f"no DeepSpeed checkpoint of {self.role} in {folder}")
         set_rng_state(torch.load(folder / f"rng_rank{self.rank}.pt", weights_only=False))

@@ -5,12 +5,13 @@ while vLLM generates, and the trained weights for the rollout engines and the HF
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from rlhf.workers import export
-from rlhf.workers.model import ModelWorker, ds_config, hf_model, optimizer_skips_non_finite
+from rlhf.workers.model import ModelWorker, ds_config, hf_model, optimizer_checks_its_step
 from rlhf.workers.sync_cuda import TrainStates
 
 if TYPE_CHECKING:
@@ -24,40 +25,54 @@ Stats = dict[str, tuple[float, float]]
 def _optimizer(spec: RunSpec, params, lr: float):
     """AdamW for the trained parameters. With the optimizer offloaded to host memory on GPU runs,
     DeepSpeed's CPU Adam (vectorised C++, the only optimizer DeepSpeed steps on the host at speed);
-    otherwise torch's AdamW (fused on CUDA; at ZeRO-1/2 there it skips a step whose gradients are
-    not finite itself: ``_find_non_finite``)."""
+    otherwise torch's AdamW (fused on CUDA; at ZeRO-1/2 there it takes the gradient norm, clips and
+    skips a step whose gradients are not finite itself: ``StepChecks``)."""
     wd = spec.algo.weight_decay
     if spec.device == "cuda" and spec.train.offload_optimizer and spec.train.zero_stage > 0:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(params, lr=lr, weight_decay=wd, adamw_mode=True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=spec.device == "cuda")
-    if optimizer_skips_non_finite(spec):
-        opt.register_step_pre_hook(_find_non_finite)
+    if optimizer_checks_its_step(spec):
+        opt.register_step_pre_hook(StepChecks(spec.algo.max_grad_norm))
     return opt
 
 
-def _find_non_finite(optimizer, args, kwargs) -> None:
-    """Before a step: ``optimizer.found_inf`` = 1 where any gradient holds an inf or a NaN (its norm
-    is not finite), computed on the device without waiting for it. Torch's fused AdamW then leaves
-    every parameter, moment and step count as they were, as it does for AMP's GradScaler: the step is
-    skipped, as DeepSpeed's bf16 overflow check would skip it (ds_config turns that check off here).
-    Under ZeRO-1/2 DeepSpeed hands the optimizer one flat fp32 partition per group: one norm. Each
-    rank holds its own partition, so the flag is reduced over the ranks (a scalar, asynchronously):
-    every rank skips together, as with DeepSpeed's check."""
-    import torch.distributed as dist
+class StepChecks:
+    """A step pre-hook of torch's fused AdamW doing, on the device and without waiting for it, what
+    DeepSpeed's ZeRO-1/2 step does before the update where ``ds_config`` turns that off
+    (``rlhf.workers.model.optimizer_checks_its_step``):
 
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not params:
-        optimizer.found_inf = None
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    found = torch.zeros((), device=params[0].device)  # a rank without gradients still joins the reduction
-    if grads:
-        found = (~torch.isfinite(torch.nn.utils.get_total_norm(grads))).float()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(found, op=dist.ReduceOp.MAX)
-    optimizer.found_inf = found
+    * ``optimizer.grad_norm`` = ‖g‖₂ over every rank's gradients. Under ZeRO-1/2 DeepSpeed hands the
+      optimizer one flat fp32 partition per group, disjoint across ranks: ‖g‖² is the sum of the
+      ranks' partition norms², one all-reduce of a scalar.
+    * clipping to ``max_norm``: g ← g · min(1, max_norm / (‖g‖ + 1e-6)) (``torch.nn.utils.clip_grad_norm_``'s
+      rule; DeepSpeed's is the same up to rounding).
+    * ``optimizer.found_inf`` = 1 where ‖g‖ is not finite (an inf or a NaN in any rank's gradients):
+      the fused kernel then leaves every parameter, moment and step count as they were, as it does
+      for AMP's GradScaler, on every rank together."""
+
+    def __init__(self, max_norm: float):
+        self.max_norm = max_norm
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        import torch.distributed as dist
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not params:
+            optimizer.found_inf = optimizer.grad_norm = None
+            return
+        with_grad = [p for p in params if p.grad is not None]
+        squared = torch.zeros((), device=params[0].device)  # a rank without gradients still joins the sum
+        if with_grad:
+            squared = torch.nn.utils.get_total_norm([p.grad for p in with_grad]).float().square()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(squared, op=dist.ReduceOp.SUM)
+        norm = squared.sqrt()
+        if self.max_norm > 0 and with_grad:
+            torch.nn.utils.clip_grads_with_norm_(with_grad, self.max_norm, norm)
+        optimizer.grad_norm = norm
+        optimizer.found_inf = (~torch.isfinite(norm)).float()
 
 
 def _warmup(optimizer, warmup_steps: int):
@@ -84,7 +99,7 @@ class TrainedWorker(ModelWorker):
 
             warm_up(model, self.torch_device(), torch_dtype(self.spec.model.dtype), backend_for(self.device))
 
-        opt = _optimizer(self.spec, params, lr)
+        opt = self._adamw = _optimizer(self.spec, params, lr)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=_warmup(opt, warmup_steps),
             config=ds_config(self.spec, warmup_steps, self.spec.algo.max_grad_norm, self.world_size),
@@ -107,11 +122,13 @@ class TrainedWorker(ModelWorker):
         return self.states.reload()
 
     last_grad_norm: Optional[float] = None
+    _adamw = None  # the torch optimizer inside DeepSpeed's (StepChecks leaves its norm there)
 
     def _step(self) -> None:
         """``engine.step()``; at an accumulation boundary also the step's global gradient norm
-        before clipping, into ``last_grad_norm``. DeepSpeed's ZeRO optimizers compute it while
-        stepping, so it is read after the step (before, it is the previous step's). A plain torch
+        before clipping, into ``last_grad_norm``. DeepSpeed's ZeRO optimizers (or the fused AdamW's
+        ``StepChecks`` in their place) compute it while stepping, so it is read after the step
+        (before, it is the previous step's); a skipped step's is inf. A plain torch
         optimizer (ZeRO-0) keeps none: the gradients, which DeepSpeed's backward has already
         averaged over the data-parallel ranks, are summed before the step clears them."""
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -120,12 +137,14 @@ class TrainedWorker(ModelWorker):
             norms = [p.grad.detach().float().norm() for p in self.engine.module.parameters() if p.grad is not None]
             summed = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
         self.engine.step()
-        if boundary:
-            gn = self.engine.get_global_grad_norm()
-            self.last_grad_norm = float(gn) if gn is not None else summed
-            if self.last_grad_norm is not None and self.last_grad_norm < 0:
-                # DeepSpeed's ZeRO masks a non-finite norm as -1 (its step then skipped: _find_non_finite)
-                self.last_grad_norm = float("inf")
+        if not boundary:
+            return
+        gn = self.engine.get_global_grad_norm()
+        own = getattr(self._adamw, "grad_norm", None)  # StepChecks' norm, where DeepSpeed's is off
+        norm = float(gn) if gn is not None else float(own) if own is not None else summed
+        # a skipped step's norm is inf: DeepSpeed's ZeRO masks a non-finite one as -1, StepChecks keeps it
+        self.last_grad_norm = float("inf") if (gn is not None and norm < 0) or (own is not None and not
+                                                                              math.isfinite(norm)) else norm
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), on the CPU, None on other ranks: what

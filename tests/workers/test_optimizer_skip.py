@@ -1,8 +1,9 @@
-"""A step with a non-finite gradient is skipped by the fused AdamW itself on CUDA ZeRO-1/2 runs
-(rlhf.workers.trained._find_non_finite), where ds_config turns DeepSpeed's bf16 overflow check off
-(rlhf.workers.model.optimizer_skips_non_finite); everywhere else DeepSpeed's check stays. The fused
-AdamW runs on CPU too, so the skip itself is tested here; the DeepSpeed engine around it on the GPU
-(tests/gpu/test_optimizer_step.py)."""
+"""On CUDA ZeRO-1/2 runs the fused AdamW itself takes the gradient norm, clips and skips a step with a
+non-finite gradient (rlhf.workers.trained.StepChecks), where ds_config turns DeepSpeed's norm, clipping
+and bf16 overflow check off (rlhf.workers.model.optimizer_checks_its_step); everywhere else DeepSpeed's
+stay. The fused AdamW runs on CPU too, so the checks themselves are tested here; through a DeepSpeed
+engine on CPU in tests/workers/test_optimizer_checks_deepspeed.py, on the GPU in
+tests/gpu/test_optimizer_step.py."""
 
 from __future__ import annotations
 
@@ -11,30 +12,33 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhf.workers.model import ds_config, optimizer_skips_non_finite
-from rlhf.workers.trained import _find_non_finite, _optimizer
+from rlhf.workers.model import ds_config, optimizer_checks_its_step
+from rlhf.workers.trained import StepChecks, _optimizer
 
 
 def _spec(device="cuda", dtype="bfloat16", zero=1, offload=False):
     return SimpleNamespace(device=device, model=SimpleNamespace(dtype=dtype),
                            train=SimpleNamespace(zero_stage=zero, offload_optimizer=offload),
                            batch=SimpleNamespace(micro_batch_size=1, grad_accum=1),
-                           algo=SimpleNamespace(weight_decay=0.01))
+                           algo=SimpleNamespace(weight_decay=0.01, max_grad_norm=1.0))
 
 
 @pytest.mark.parametrize("kw, skips", [({}, True), ({"zero": 2}, True), ({"zero": 0}, False), ({"zero": 3}, False),
                                        ({"offload": True}, False), ({"device": "cpu"}, False),
                                        ({"dtype": "float16"}, False)])
-def test_deepspeed_checks_overflow_wherever_the_optimizer_does_not(kw, skips):
+def test_deepspeed_checks_wherever_the_optimizer_does_not(kw, skips):
     spec = _spec(**kw)
-    assert optimizer_skips_non_finite(spec) is skips
-    cfg = ds_config(spec, 0, 1.0, 1)
+    assert optimizer_checks_its_step(spec) is skips
+    cfg = ds_config(spec, 0, 0.7, 1)
     assert cfg["bf16"]["check_grad_overflow"] is (not skips)
+    assert cfg["gradient_clipping"] == (0.0 if skips else 0.7)  # the optimizer clips to 0.7 instead
+    assert cfg["zero_optimization"].get("compute_grad_norm", True) is (not skips)
+    assert "compute_grad_norm" not in ds_config(spec, 0, 0.0, 1, optimizer=False)["zero_optimization"]
 
 
-def _fused_adamw(*params):
+def _fused_adamw(*params, clip=0.0):
     opt = torch.optim.AdamW(params, lr=0.1, weight_decay=0.01, fused=True)  # fused runs on CPU since torch 2.4
-    opt.register_step_pre_hook(_find_non_finite)
+    opt.register_step_pre_hook(StepChecks(clip))
     return opt
 
 
@@ -74,10 +78,30 @@ def test_the_skip_matches_a_step_never_taken():
     assert torch.equal(a.data, b.data)
 
 
+@pytest.mark.parametrize("clip", [0.5, 100.0, 0.0])
+def test_the_norm_and_the_clip_equal_a_float64_reference(clip):
+    """‖g‖₂ over every tensor, and g · min(1, c / (‖g‖ + 1e-6)) before the step (c = 0: no clipping)."""
+    torch.manual_seed(1)
+    p, q = torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(3, 5))
+    gp, gq = torch.randn(7), torch.randn(3, 5)
+    norm = torch.cat([gp.double().flatten(), gq.double().flatten()]).norm()
+    scale = min(1.0, clip / (float(norm) + 1e-6)) if clip > 0 else 1.0
+    p.grad, q.grad = gp.clone(), gq.clone()
+    opt = _fused_adamw(p, q, clip=clip)
+    seen = {}
+    opt.register_step_pre_hook(lambda o, a, k: seen.update(p=p.grad.clone(), q=q.grad.clone()))  # after StepChecks
+    opt.step()
+    assert float(opt.grad_norm) == pytest.approx(float(norm), rel=1e-6)
+    torch.testing.assert_close(seen["p"].double(), gp.double() * scale, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(seen["q"].double(), gq.double() * scale, rtol=1e-6, atol=1e-7)
+    assert (scale < 1) is (clip == 0.5)
+
+
 def test_the_product_optimizer_gets_the_check_only_where_deepspeed_does_not_check():
     for spec, hooked in ((_spec(device="cuda"), True), (_spec(device="cuda", zero=3), False), (_spec(device="cpu"), False)):
         opt = _optimizer(spec, [torch.nn.Parameter(torch.ones(2))], 1e-3)
-        assert (_find_non_finite in opt._optimizer_step_pre_hooks.values()) is hooked
+        checks = [h for h in opt._optimizer_step_pre_hooks.values() if isinstance(h, StepChecks)]
+        assert len(checks) == int(hooked) and all(h.max_norm == 1.0 for h in checks)
 
 
 def _two_ranks(rank: int, init: str, out: str) -> None:
