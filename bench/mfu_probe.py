@@ -108,6 +108,10 @@ VARIANTS: dict[str, Variant] = {
     "deepspeed_z1_compiled": Variant("compiled layers via DeepSpeed ZeRO-1 + optimizer step (the loop's update)",
                                      liger=False, layers="default", deepspeed=True, zero=1, step_profile=True,
                                      est_s=60),
+    "deepspeed_z1_compiled_15b_16k": Variant("compiled layers via DeepSpeed ZeRO-1 + optimizer step at 1.5B, "
+                                             "≤ 16,384 tokens (the loop's update there)", liger=False,
+                                             layers="default", deepspeed=True, zero=1, tokens=16384,
+                                             preset="qwen2.5-1.5b", profile=True, est_s=90),
     "deepspeed_z1_compiled_check": Variant("the same with DeepSpeed's norm, clip, bf16 overflow check (before s23)",
                                            liger=False, layers="default", deepspeed=True, zero=1,
                                            step_profile=True, checks="deepspeed", est_s=30),
@@ -135,6 +139,8 @@ GROUPS: list[tuple[str, list[str], float]] = [
     ("head_keep_15b", ["layers_compiled_15b_16k", "layers_compiled_15b_16k_recompute"], 170),
     ("optimizer_step", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_ds_norm", "deepspeed_z1_compiled_check"],
      230),
+    # where the GPU waits in the loop's update (profiles with their idle stretches), both sizes
+    ("update_gaps", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_15b_16k"], 250),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
 
@@ -542,7 +548,27 @@ def profile_update(fn, device: str, top: int = 15) -> dict[str, Any]:
     }
     if busy is not None and span:
         out.update(window_ms=round(span / 1e3, 2), gpu_idle_fraction=round(1 - busy / span, 3))
+        out["gaps"] = idle_gaps([(e.time_range.start, e.time_range.end, e.name) for e in kernels])
     return out
+
+
+def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 12, min_us: float = 100.0) -> dict[str, Any]:
+    """Where the GPU waits in a profile: the ``top`` longest stretches of ``min_us`` or more with no kernel
+    running, each with its offset from the first kernel (ms), its length (ms) and the kernels either side;
+    and the idle time in all such stretches. ``kernels``: (start µs, end µs, name)."""
+    iv = sorted(kernels)
+    if not iv:
+        return {"count": 0, "ms": 0.0, "top": []}
+    t0, end, before = iv[0][0], iv[0][1], iv[0][2]
+    gaps = []
+    for s, e, name in iv[1:]:
+        if s - end >= min_us:
+            gaps.append({"at_ms": round((end - t0) / 1e3, 2), "ms": round((s - end) / 1e3, 3),
+                         "after": before[:60], "before": name[:60]})
+        if e > end:
+            end, before = e, name
+    return {"count": len(gaps), "ms": round(sum(g["ms"] for g in gaps), 2),
+            "top": sorted(gaps, key=lambda g: -g["ms"])[:top]}
 
 
 # --------------------------------------------------------------------------- processes
@@ -652,6 +678,11 @@ def table(rows: list[dict], peak: float) -> str:
                      + ", ".join(f"{k} {v:.1%}" for k, v in prof["share_by_kind"].items()))
         for t in prof["top"]:
             lines.append(f"  {t['ms']:9.2f} ms {t['share']:6.1%} {t['calls']:6d}×  {t['name']}")
+        gaps = prof.get("gaps")
+        if gaps:
+            lines.append(f"  GPU idle stretches ≥ 0.1 ms: {gaps['count']}, {gaps['ms']} ms; the longest:")
+            for g in gaps["top"]:
+                lines.append(f"    at {g['at_ms']:9.2f} ms  {g['ms']:7.3f} ms  after {g['after']}  before {g['before']}")
     return "\n".join(lines)
 
 

@@ -179,3 +179,13 @@ def test_entropy_is_a_statistic_unless_weighted():
     assert ent.grad is None and lp.grad.tolist() == [1.0, 1.0]
     mp.loss_of(lp, ent, 0.5).backward()
     assert ent.grad.tolist() == [0.5, 0.5]
+
+
+def test_idle_gaps_are_the_stretches_without_a_running_kernel():
+    # kernels as (start µs, end µs, name): two overlap, then a 400-µs wait, a 50-µs one (too short), a 1-ms one
+    ks = [(0, 100, "a"), (50, 300, "b"), (700, 800, "c"), (850, 900, "d"), (1900, 2000, "e")]
+    g = mp.idle_gaps(ks, min_us=100.0)
+    assert g["count"] == 2 and g["ms"] == pytest.approx(1.4)
+    assert g["top"][0] == {"at_ms": 0.9, "ms": 1.0, "after": "d", "before": "e"}
+    assert g["top"][1] == {"at_ms": 0.3, "ms": 0.4, "after": "b", "before": "c"}
+    assert mp.idle_gaps([]) == {"count": 0, "ms": 0.0, "top": []}
