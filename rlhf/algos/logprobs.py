@@ -119,12 +119,13 @@ class _LinearLogprobs(torch.autograd.Function):
             return d_hidden, d_weight, None, None, None, None, None, None
         d_hidden = torch.empty_like(hidden) if need_h else None
         d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
-        grad = _kernel(_chunk_grad, hidden, ctx.compile)
+        grad_into = _kernel(_chunk_grad_into, hidden, ctx.compile)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
             sl = slice(s, s + rows)
             e, ez_c = (None, None) if e_all is None else (e_all[sl], ez[sl])
-            dz = grad(h @ weight.t(), tokens[sl], lse[sl], ez_c, g_logp[sl], e, tau)
+            dz = h @ weight.t()  # the chunk's logits again, then their gradient in place
+            grad_into(dz, tokens[sl], lse[sl], ez_c, g_logp[sl], e, tau)
             if need_h:
                 d_hidden[s:s + rows] = (dz @ weight).to(hidden.dtype)
             if need_w:  # the chunk's product in the weights' dtype, summed in float32
@@ -150,30 +151,34 @@ def _chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_en
     return z_y - lse, lse, ez
 
 
-def _chunk_grad(logits, tokens, lse, ez, g, e, tau: float):
-    """``d loss / d logits`` of a chunk, in the logits' dtype:
+def _chunk_grad_into(logits, tokens, lse, ez, g, e, tau: float) -> None:
+    """``d loss / d logits`` of a chunk written over its logits (in their dtype):
     ``(-p (g + e (z - E_p[z])) + onehot(y) g) / tau``; ``(onehot(y) - p) g / tau`` when there is no
-    entropy gradient (``e`` and ``ez`` None). In place on one float32 copy of the chunk (two with
-    an entropy gradient): float32 ``logits`` are overwritten."""
+    entropy gradient (``e`` and ``ez`` None). Every column is first written as if it were not the
+    target, then each row's target column from its logit gathered beforehand, in float32 before
+    rounding (``g (1 - p_y)`` cancels where ``p_y`` is near 1): an add into the chunk would make the
+    compiled pass keep a float32 chunk and copy it again (BENCHMARKS §12). In place on one float32
+    copy of the chunk (two with an entropy gradient); float32 ``logits`` are that copy."""
+    idx = tokens[:, None]
+    z_y = logits.gather(1, idx).squeeze(1).to(lse.dtype)
     z = logits.to(lse.dtype)
     if tau != 1.0:
         z.div_(tau)
+        z_y = z_y / tau
     if e is None:
         dz = z.sub_(lse[:, None]).exp_().mul_(-g[:, None])
     else:
         p = (z - lse[:, None]).exp_()
         dz = z.sub_(ez[:, None]).mul_(e[:, None]).add_(g[:, None]).mul_(p).neg_()
         del p
-    dz.scatter_add_(1, tokens[:, None], g[:, None])
     if tau != 1.0:
         dz.div_(tau)
-    return dz.to(logits.dtype)
-
-
-def _chunk_grad_into(logits, tokens, lse, ez, g, e, tau: float) -> None:
-    """``_chunk_grad`` written over ``logits`` (a kept chunk; under torch.compile the one kernel
-    stores into it)."""
-    logits.copy_(_chunk_grad(logits, tokens, lse, ez, g, e, tau))
+    logits.copy_(dz)
+    p_y = (z_y - lse).exp()
+    target = g - p_y * g if e is None else g - p_y * (g + e * (z_y - ez))
+    if tau != 1.0:
+        target = target / tau
+    logits.scatter_(1, idx, target.to(logits.dtype)[:, None])
 
 
 _compiled: dict = {}

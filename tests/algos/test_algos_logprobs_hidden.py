@@ -151,3 +151,32 @@ def test_logits_are_kept_only_within_the_limit_and_only_for_a_backward(M, keep, 
                 head.weight.requires_grad_(needs_grad)
                 logprobs_from_hidden(h, head, y, with_entropy=True, chunk_elements=13 * 2, keep_elements=keep)
         assert ((M, 13) in saved) == (kept and needs_grad), saved
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_the_target_columns_gradient_is_rounded_once_where_its_probability_is_near_one(entropy):
+    """``g (1 - p_y)`` with ``p_y`` ≈ 0.998: in bf16 ``-p_y g`` rounds to a step of 2^-8 g, so adding ``g``
+    after rounding would be wrong by ~100 %; the target column is formed in float32 and rounded once."""
+    from rlhf.algos.logprobs import _chunk_grad_into
+
+    V, tau = 50, 1.3
+    z = torch.zeros(3, V, dtype=torch.float64)
+    y = torch.tensor([4, 17, 49])
+    z[torch.arange(3), y] = 8.0 * tau  # z / tau = 8 at the target: p_y = e^8 / (e^8 + 49) ≈ 0.9837... per row
+    z[1, 0] = -3.0
+    logits = z.bfloat16()
+    zd = logits.double() / tau
+    lse = torch.logsumexp(zd, -1)
+    p = torch.softmax(zd, -1)
+    ez = (p * zd).sum(-1)
+    g = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    e = torch.tensor([0.3, 0.2, -0.1], dtype=torch.float64) if entropy else None
+    want = -p * (g[:, None] + (e[:, None] * (zd - ez[:, None]) if entropy else 0.0))
+    want[torch.arange(3), y] += g
+    want = want / tau
+    got = logits.clone()
+    _chunk_grad_into(got, y, lse.float(), ez.float() if entropy else None, g.float(),
+                     e.float() if entropy else None, tau)
+    at_y = got.double()[torch.arange(3), y]
+    assert ((at_y - want[torch.arange(3), y]).abs() / want[torch.arange(3), y].abs()).max() < 2**-7
+    torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=1e-6)
