@@ -682,7 +682,8 @@ def table(rows: list[dict], peak: float) -> str:
         if gaps:
             lines.append(f"  GPU idle stretches ≥ 0.1 ms: {gaps['count']}, {gaps['ms']} ms; the longest:")
             for g in gaps["top"]:
-                lines.append(f"    at {g['at_ms']:9.2f} ms  {g['ms']:7.3f} ms  after {g['after']}  before {g['before']}")
+                lines.append(f"    at {g['at_ms']:9.2f} ms  {g['ms']:7.3f} ms  after {g['after']}  "
+                             f"before {g['before']}")
     return "\n".join(lines)
 
 

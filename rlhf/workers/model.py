@@ -39,7 +39,7 @@ def ds_config(spec: RunSpec, lr_warmup: int, max_grad_norm: float, world_size: i
     """DeepSpeed's config for a role of ``world_size`` ranks (the critic, the reference may have
     fewer than the actor: DeepSpeed checks micro × accumulation × ranks = batch)."""
     b = spec.batch
-    own_checks = optimizer and optimizer_checks_its_step(spec)  # the optimizer clips to max_grad_norm, not DeepSpeed
+    own_checks = optimizer and optimizer_checks_its_step(spec)  # the optimizer clips, not DeepSpeed
     cfg: dict = {
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": b.grad_accum,

@@ -140,11 +140,15 @@ class TrainedWorker(ModelWorker):
         if not boundary:
             return
         gn = self.engine.get_global_grad_norm()
-        own = getattr(self._adamw, "grad_norm", None)  # StepChecks' norm, where DeepSpeed's is off
-        norm = float(gn) if gn is not None else float(own) if own is not None else summed
-        # a skipped step's norm is inf: DeepSpeed's ZeRO masks a non-finite one as -1, StepChecks keeps it
-        self.last_grad_norm = float("inf") if (gn is not None and norm < 0) or (own is not None and not
-                                                                              math.isfinite(norm)) else norm
+        own = getattr(self._adamw, "grad_norm", None)
+        if gn is not None:  # DeepSpeed's ZeRO masks a non-finite norm as -1 (its step skipped)
+            norm = float(gn)
+            self.last_grad_norm = norm if norm >= 0 else float("inf")
+        elif own is not None:  # StepChecks' norm, where DeepSpeed's is off: a non-finite one skipped the step
+            norm = float(own)
+            self.last_grad_norm = norm if math.isfinite(norm) else float("inf")
+        else:
+            self.last_grad_norm = summed
 
     def full_state_dict(self) -> Optional[dict[str, torch.Tensor]]:
         """The full weights on rank 0 (gathered under ZeRO-3), on the CPU, None on other ranks: what

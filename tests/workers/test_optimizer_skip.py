@@ -98,7 +98,8 @@ def test_the_norm_and_the_clip_equal_a_float64_reference(clip):
 
 
 def test_the_product_optimizer_gets_the_check_only_where_deepspeed_does_not_check():
-    for spec, hooked in ((_spec(device="cuda"), True), (_spec(device="cuda", zero=3), False), (_spec(device="cpu"), False)):
+    for spec, hooked in ((_spec(device="cuda"), True), (_spec(device="cuda", zero=3), False),
+                         (_spec(device="cpu"), False)):
         opt = _optimizer(spec, [torch.nn.Parameter(torch.ones(2))], 1e-3)
         checks = [h for h in opt._optimizer_step_pre_hooks.values() if isinstance(h, StepChecks)]
         assert len(checks) == int(hooked) and all(h.max_norm == 1.0 for h in checks)
