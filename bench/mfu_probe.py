@@ -36,6 +36,7 @@ on a tiny model; layer compilation is skipped there (inductor's C++ build costs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -74,6 +75,9 @@ class Variant:
     # the product since s24), "deepspeed_norm" (DeepSpeed's norm and clip, the optimizer's skip: s23),
     # "deepspeed" (DeepSpeed's norm, clip and bf16 overflow check: before s23)
     checks: str = "optimizer"
+    # the head's backward pass over a kept chunk: "product" (rlhf.algos.logprobs._chunk_grad_into) or
+    # "fused" (fused_chunk_grad_into below, a candidate measured here before it goes into the product)
+    grad_pass: str = "product"
     est_s: float = 15.0
 
 
@@ -112,6 +116,12 @@ VARIANTS: dict[str, Variant] = {
                                              "≤ 16,384 tokens (the loop's update there)", liger=False,
                                              layers="default", deepspeed=True, zero=1, tokens=16384,
                                              preset="qwen2.5-1.5b", profile=True, est_s=90),
+    "deepspeed_z1_compiled_fused_grad": Variant("the loop's update, the head's backward as one pointwise pass "
+                                                "(fused_chunk_grad_into)", liger=False, layers="default",
+                                                deepspeed=True, zero=1, profile=True, grad_pass="fused", est_s=45),
+    "deepspeed_z1_compiled_15b_16k_fused_grad": Variant("the same at 1.5B, ≤ 16,384 tokens", liger=False,
+                                                        layers="default", deepspeed=True, zero=1, tokens=16384,
+                                                        preset="qwen2.5-1.5b", grad_pass="fused", est_s=60),
     "deepspeed_z1_compiled_check": Variant("the same with DeepSpeed's norm, clip, bf16 overflow check (before s23)",
                                            liger=False, layers="default", deepspeed=True, zero=1,
                                            step_profile=True, checks="deepspeed", est_s=30),
@@ -141,6 +151,9 @@ GROUPS: list[tuple[str, list[str], float]] = [
      230),
     # where the GPU waits in the loop's update (profiles with their idle stretches), both sizes
     ("update_gaps", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_15b_16k"], 250),
+    # the head's backward as the product runs it against one fused pass, both sizes, one process
+    ("head_grad", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_fused_grad", "deepspeed_z1_compiled_15b_16k",
+                   "deepspeed_z1_compiled_15b_16k_fused_grad"], 330),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
 
@@ -586,13 +599,49 @@ def child(a) -> int:
         else:
             path = a.model or _model_path(v.preset or a.preset)
             try:
-                row = run_variant(name, path, a, device, deadline)
+                with grad_pass(v.grad_pass):
+                    row = run_variant(name, path, a, device, deadline)
             except Exception as e:  # noqa: BLE001  (one variant failing must not lose the others)
                 row = {"variant": name, "what": v.what, "error": f"{type(e).__name__}: {str(e)[:400]}"}
                 if device == "cuda":
                     torch.cuda.empty_cache()
         print(ROW + json.dumps(row, default=str), flush=True)
     return 0
+
+
+def fused_chunk_grad_into(logits, tokens, lse, ez, g, e, tau: float) -> None:
+    """``rlhf.algos.logprobs._chunk_grad_into``'s gradient, ``(-p (g + e (z - E_p[z])) + onehot(y) g) / tau``,
+    as one pointwise expression (the one-hot term a ``torch.where`` on the column index, added in float32
+    before rounding) stored with one ``copy_``: on CPU's inductor this compiles to a single kernel writing
+    the chunk in place, where the product's gather / pass / scatter leaves a buffer copied back into the
+    chunk on the GPU (BENCHMARKS §12, twenty-fourth session). Eagerly it holds float32 temporaries the
+    size of the chunk (the product's eager pass works in place)."""
+    z = logits.to(lse.dtype)
+    if tau != 1.0:
+        z = z / tau
+    p = (z - lse[:, None]).exp()
+    inner = g[:, None] if e is None else g[:, None] + e[:, None] * (z - ez[:, None])
+    target = torch.arange(logits.shape[1], device=logits.device)[None, :] == tokens[:, None]
+    dz = torch.where(target, g[:, None], 0.0) - p * inner
+    if tau != 1.0:
+        dz = dz / tau
+    logits.copy_(dz.to(logits.dtype))
+
+
+@contextlib.contextmanager
+def grad_pass(which: str):
+    """The head's backward pass over a kept chunk for one variant (``Variant.grad_pass``), put back after."""
+    from rlhf.algos import logprobs
+
+    if which == "product":
+        yield
+        return
+    product = logprobs._chunk_grad_into
+    logprobs._chunk_grad_into = {"fused": fused_chunk_grad_into}[which]
+    try:
+        yield
+    finally:
+        logprobs._chunk_grad_into = product
 
 
 def _model_path(preset: str) -> str:

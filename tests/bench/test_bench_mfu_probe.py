@@ -189,3 +189,36 @@ def test_idle_gaps_are_the_stretches_without_a_running_kernel():
     assert g["top"][0] == {"at_ms": 0.9, "ms": 1.0, "after": "d", "before": "e"}
     assert g["top"][1] == {"at_ms": 0.3, "ms": 0.4, "after": "b", "before": "c"}
     assert mp.idle_gaps([]) == {"count": 0, "ms": 0.0, "top": []}
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_the_fused_grad_pass_equals_the_products_and_float64(entropy):
+    """``fused_chunk_grad_into`` (a candidate, measured by the probe's ``head_grad`` group) writes the
+    product's gradient: the same bf16 chunk as ``rlhf.algos.logprobs._chunk_grad_into`` up to one rounding,
+    both within bf16 of float64; and ``grad_pass`` swaps it in for a variant only."""
+    from rlhf.algos import logprobs
+
+    g0 = torch.Generator().manual_seed(4)
+    rows, V, tau = 6, 40, 0.9
+    zd = torch.randn(rows, V, generator=g0, dtype=torch.float64) * 3
+    y = torch.randint(0, V, (rows,), generator=g0)
+    zd[torch.arange(rows), y] += 4.0  # some rows peaked at their target
+    logits = zd.bfloat16()
+    z = logits.double() / tau
+    lse, p = torch.logsumexp(z, -1), torch.softmax(z, -1)
+    ez = (p * z).sum(-1)
+    g = torch.randn(rows, generator=g0, dtype=torch.float64)
+    e = torch.randn(rows, generator=g0, dtype=torch.float64) if entropy else None
+    want = -p * (g[:, None] + (e[:, None] * (z - ez[:, None]) if entropy else 0.0))
+    want[torch.arange(rows), y] += g
+    want /= tau
+    args = (y, lse.float(), ez.float() if entropy else None, g.float(), e.float() if entropy else None, tau)
+    fused, product = logits.clone(), logits.clone()
+    mp.fused_chunk_grad_into(fused, *args)
+    logprobs._chunk_grad_into(product, *args)
+    torch.testing.assert_close(fused.double(), want, rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(fused, product, rtol=2**-7, atol=1e-6)
+    with mp.grad_pass("fused"):
+        assert logprobs._chunk_grad_into is mp.fused_chunk_grad_into
+    assert logprobs._chunk_grad_into is not mp.fused_chunk_grad_into
+    assert "deepspeed_z1_compiled_fused_grad" in dict((n, vs) for n, vs, _ in mp.GROUPS)["head_grad"]
