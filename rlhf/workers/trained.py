@@ -50,7 +50,10 @@ class StepChecks:
       rule; DeepSpeed's is the same up to rounding).
     * ``optimizer.found_inf`` = 1 where ‖g‖ is not finite (an inf or a NaN in any rank's gradients):
       the fused kernel then leaves every parameter, moment and step count as they were, as it does
-      for AMP's GradScaler, on every rank together."""
+      for AMP's GradScaler, on every rank together.
+
+    DeepSpeed steps the optimizer one parameter group at a time, so the norm is over the group being
+    stepped: the global norm because ``_optimizer`` makes one group."""
 
     def __init__(self, max_norm: float):
         self.max_norm = max_norm
