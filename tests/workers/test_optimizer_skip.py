@@ -127,3 +127,9 @@ def test_every_rank_skips_when_one_ranks_partition_is_not_finite(tmp_path):
     for rank in (0, 1):
         got = torch.load(tmp_path / f"{rank}.pt")
         assert got == {"skipped": True, "found": 1.0}, (rank, got)
+
+
+def test_the_product_optimizer_has_one_parameter_group():
+    """StepChecks' norm is over the group DeepSpeed steps; one group makes it the global norm."""
+    params = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))]
+    assert len(_optimizer(_spec(device="cuda"), params, 1e-3).param_groups) == 1
