@@ -75,9 +75,10 @@ class Variant:
     # the product since s24), "deepspeed_norm" (DeepSpeed's norm and clip, the optimizer's skip: s23),
     # "deepspeed" (DeepSpeed's norm, clip and bf16 overflow check: before s23)
     checks: str = "optimizer"
-    # the head's backward pass over a kept chunk: "product" (rlhf.algos.logprobs._chunk_grad_into) or
-    # "fused" (fused_chunk_grad_into below, a candidate measured here before it goes into the product)
-    grad_pass: str = "product"
+    # the head's passes over a chunk: "product" (rlhf.algos.logprobs' _chunk_stats and _chunk_grad_into), or
+    # candidates measured here before they go into the product (below): "fused_grad" (fused_chunk_grad_into),
+    # "fused_stats" (fused_chunk_stats), "fused" (both)
+    head_passes: str = "product"
     est_s: float = 15.0
 
 
@@ -118,10 +119,19 @@ VARIANTS: dict[str, Variant] = {
                                              preset="qwen2.5-1.5b", profile=True, est_s=90),
     "deepspeed_z1_compiled_fused_grad": Variant("the loop's update, the head's backward as one pointwise pass "
                                                 "(fused_chunk_grad_into)", liger=False, layers="default",
-                                                deepspeed=True, zero=1, profile=True, grad_pass="fused", est_s=45),
-    "deepspeed_z1_compiled_15b_16k_fused_grad": Variant("the same at 1.5B, ≤ 16,384 tokens", liger=False,
-                                                        layers="default", deepspeed=True, zero=1, tokens=16384,
-                                                        preset="qwen2.5-1.5b", grad_pass="fused", est_s=60),
+                                                deepspeed=True, zero=1, profile=True, head_passes="fused_grad",
+                                                est_s=45),
+    "deepspeed_z1_compiled_fused_stats": Variant("the loop's update, the head's forward statistics without a log "
+                                                 "per logit (fused_chunk_stats)", liger=False, layers="default",
+                                                 deepspeed=True, zero=1, profile=True, head_passes="fused_stats",
+                                                 est_s=45),
+    "deepspeed_z1_compiled_fused_head": Variant("the loop's update, both candidate head passes", liger=False,
+                                                layers="default", deepspeed=True, zero=1, profile=True,
+                                                head_passes="fused", est_s=45),
+    "deepspeed_z1_compiled_15b_16k_fused_head": Variant("both candidate head passes at 1.5B, ≤ 16,384 tokens",
+                                                        liger=False, layers="default", deepspeed=True, zero=1,
+                                                        tokens=16384, preset="qwen2.5-1.5b", head_passes="fused",
+                                                        est_s=60),
     "deepspeed_z1_compiled_check": Variant("the same with DeepSpeed's norm, clip, bf16 overflow check (before s23)",
                                            liger=False, layers="default", deepspeed=True, zero=1,
                                            step_profile=True, checks="deepspeed", est_s=30),
@@ -151,9 +161,10 @@ GROUPS: list[tuple[str, list[str], float]] = [
      230),
     # where the GPU waits in the loop's update (profiles with their idle stretches), both sizes
     ("update_gaps", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_15b_16k"], 250),
-    # the head's backward as the product runs it against one fused pass, both sizes, one process
-    ("head_grad", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_fused_grad", "deepspeed_z1_compiled_15b_16k",
-                   "deepspeed_z1_compiled_15b_16k_fused_grad"], 330),
+    # the head's passes as the product runs them against the candidates, both sizes, one process
+    ("head_passes", ["deepspeed_z1_compiled", "deepspeed_z1_compiled_fused_grad", "deepspeed_z1_compiled_fused_stats",
+                     "deepspeed_z1_compiled_fused_head", "deepspeed_z1_compiled_15b_16k",
+                     "deepspeed_z1_compiled_15b_16k_fused_head"], 400),
 ]
 START_S = 12.0  # a fresh process: imports and CUDA start-up, before its first variant
 
@@ -599,7 +610,7 @@ def child(a) -> int:
         else:
             path = a.model or _model_path(v.preset or a.preset)
             try:
-                with grad_pass(v.grad_pass):
+                with head_passes(v.head_passes):
                     row = run_variant(name, path, a, device, deadline)
             except Exception as e:  # noqa: BLE001  (one variant failing must not lose the others)
                 row = {"variant": name, "what": v.what, "error": f"{type(e).__name__}: {str(e)[:400]}"}
@@ -628,20 +639,38 @@ def fused_chunk_grad_into(logits, tokens, lse, ez, g, e, tau: float) -> None:
     logits.copy_(dz.to(logits.dtype))
 
 
+def fused_chunk_stats(logits: torch.Tensor, tokens: torch.Tensor, tau: float, with_entropy: bool):
+    """``rlhf.algos.logprobs._chunk_stats``' ``(logp, lse, E_p[z])`` with ``E_p[z] = Σ q z / Σ q`` (``q = exp(z −
+    max)``): no log per logit (the product's ``q log q`` takes one), written for torch.compile (it keeps ``z``
+    and ``q`` together, which the product's eager pass avoids by working in place)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if tau != 1.0:
+        z = z / tau
+    m = z.amax(-1, keepdim=True)
+    q = (z - m).exp()
+    s = q.sum(-1)
+    lse = s.log() + m.squeeze(1)
+    z_y = z.gather(1, tokens[:, None]).squeeze(1)
+    ez = (q * z).sum(-1) / s if with_entropy else None
+    return z_y - lse, lse, ez
+
+
 @contextlib.contextmanager
-def grad_pass(which: str):
-    """The head's backward pass over a kept chunk for one variant (``Variant.grad_pass``), put back after."""
+def head_passes(which: str):
+    """The head's passes for one variant (``Variant.head_passes``), the product's put back after."""
     from rlhf.algos import logprobs
 
-    if which == "product":
-        yield
-        return
-    product = logprobs._chunk_grad_into
-    logprobs._chunk_grad_into = {"fused": fused_chunk_grad_into}[which]
+    swap = {"product": {}, "fused_grad": {"_chunk_grad_into": fused_chunk_grad_into},
+            "fused_stats": {"_chunk_stats": fused_chunk_stats},
+            "fused": {"_chunk_grad_into": fused_chunk_grad_into, "_chunk_stats": fused_chunk_stats}}[which]
+    product = {name: getattr(logprobs, name) for name in swap}
+    for name, fn in swap.items():
+        setattr(logprobs, name, fn)
     try:
         yield
     finally:
-        logprobs._chunk_grad_into = product
+        for name, fn in product.items():
+            setattr(logprobs, name, fn)
 
 
 def _model_path(preset: str) -> str:

@@ -193,9 +193,9 @@ def test_idle_gaps_are_the_stretches_without_a_running_kernel():
 
 @pytest.mark.parametrize("entropy", [False, True])
 def test_the_fused_grad_pass_equals_the_products_and_float64(entropy):
-    """``fused_chunk_grad_into`` (a candidate, measured by the probe's ``head_grad`` group) writes the
+    """``fused_chunk_grad_into`` (a candidate, measured by the probe's ``head_passes`` group) writes the
     product's gradient: the same bf16 chunk as ``rlhf.algos.logprobs._chunk_grad_into`` up to one rounding,
-    both within bf16 of float64; and ``grad_pass`` swaps it in for a variant only."""
+    both within bf16 of float64; and ``head_passes`` swaps it in for a variant only."""
     from rlhf.algos import logprobs
 
     g0 = torch.Generator().manual_seed(4)
@@ -218,7 +218,45 @@ def test_the_fused_grad_pass_equals_the_products_and_float64(entropy):
     logprobs._chunk_grad_into(product, *args)
     torch.testing.assert_close(fused.double(), want, rtol=2**-7, atol=1e-6)
     torch.testing.assert_close(fused, product, rtol=2**-7, atol=1e-6)
-    with mp.grad_pass("fused"):
+    with mp.head_passes("fused_grad"):
         assert logprobs._chunk_grad_into is mp.fused_chunk_grad_into
     assert logprobs._chunk_grad_into is not mp.fused_chunk_grad_into
-    assert "deepspeed_z1_compiled_fused_grad" in dict((n, vs) for n, vs, _ in mp.GROUPS)["head_grad"]
+    assert "deepspeed_z1_compiled_fused_grad" in dict((n, vs) for n, vs, _ in mp.GROUPS)["head_passes"]
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_the_fused_stats_pass_equals_the_products_and_float64(tau):
+    """``fused_chunk_stats`` gives ``rlhf.algos.logprobs._chunk_stats``' log-probs, log-sum-exp and E_p[z]
+    (float64 reference), and the whole head's values and gradients are unchanged with both candidates in."""
+    from rlhf.algos import logprobs, logprobs_from_hidden
+
+    g0 = torch.Generator().manual_seed(5)
+    zd = torch.randn(7, 30, generator=g0, dtype=torch.float64) * 4
+    y = torch.randint(0, 30, (7,), generator=g0)
+    z = zd.float().bfloat16()
+    ref = z.double() / tau
+    want = (ref.gather(1, y[:, None]).squeeze(1) - torch.logsumexp(ref, -1), torch.logsumexp(ref, -1),
+            (torch.softmax(ref, -1) * ref).sum(-1))
+    got = mp.fused_chunk_stats(z, y, tau, True)
+    for a, b, c in zip(got, logprobs._chunk_stats(z.clone(), y, tau, True), want):
+        torch.testing.assert_close(a.double(), c, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert mp.fused_chunk_stats(z, y, tau, False)[2] is None
+
+    h = torch.randn(9, 8, generator=g0, dtype=torch.float64)
+    head = torch.nn.Linear(8, 30, bias=False).double()
+    t = torch.randint(0, 30, (9,), generator=g0)
+
+    def run():
+        x = h.clone().requires_grad_()
+        head.weight.grad = None
+        lp, ent = logprobs_from_hidden(x, head, t, tau, with_entropy=True, chunk_elements=30 * 4)
+        (lp.sum() + 0.3 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), x.grad, head.weight.grad.clone()
+    product = run()
+    with mp.head_passes("fused"):
+        assert logprobs._chunk_stats is mp.fused_chunk_stats
+        fused = run()
+    assert logprobs._chunk_stats is not mp.fused_chunk_stats
+    for a, b in zip(fused, product):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
