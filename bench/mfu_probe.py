@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -374,8 +375,10 @@ def run_variant(name: str, path: str, a, device: str, deadline: float) -> dict[s
     if v.liger and device == "cuda" and not _liger_installed():
         return {**row, "skipped": "liger-kernel not installed"}
     if device == "cuda":
+        gc.collect()  # an earlier variant's DeepSpeed engine holds reference cycles
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        row["held_at_start_gib"] = torch.cuda.memory_allocated() / 2**30  # inside peak_gib: what is left over
     t_load = time.perf_counter()
     model, notes = load(path, v, device)
     batch = loop_batch(a.samples, a.prompt, a.response, a.response_min or a.response, model.config.vocab_size)

@@ -108,8 +108,8 @@ class _LinearLogprobs(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(dt)
         e_all = g_ent.to(dt) if (ctx.with_entropy and g_ent is not None) else None
+        grad_into = _kernel(_chunk_grad_into, hidden, ctx.compile)
         if logits is not None:  # kept: each chunk becomes its dz in place, then one matmul per gradient
-            grad_into = _kernel(_chunk_grad_into, hidden, ctx.compile)
             for s in range(0, hidden.shape[0], rows):
                 sl = slice(s, s + rows)
                 e, ez_c = (None, None) if e_all is None else (e_all[sl], ez[sl])
@@ -119,7 +119,6 @@ class _LinearLogprobs(torch.autograd.Function):
             return d_hidden, d_weight, None, None, None, None, None, None
         d_hidden = torch.empty_like(hidden) if need_h else None
         d_weight = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
-        grad_into = _kernel(_chunk_grad_into, hidden, ctx.compile)
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s:s + rows]
             sl = slice(s, s + rows)

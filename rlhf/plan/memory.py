@@ -64,11 +64,12 @@ CUDA_LOGITS_CHUNK = 2**28
 # most KEEP_LOGITS on CPU, CUDA_KEEP_LOGITS on a GPU (the code's rlhf.algos.logprobs.KEEP_ELEMENTS
 # and CUDA_KEEP_ELEMENTS); each chunk's gradient is then written over its logits. Its working set
 # per logit of a chunk: compiled (train.compile_logprobs, GPU) one bf16 scratch chunk, 2 B;
-# eager a fp32 copy 4 B + the fp32 softmax of an entropy gradient 4 B + the bf16 result 2 B.
+# eager a fp32 copy 4 B + the fp32 softmax of an entropy gradient 4 B (the result is written back
+# into the kept logits in place).
 KEEP_LOGITS = 2**28
 CUDA_KEEP_LOGITS = 2**33
 KEPT_CHUNK_BYTES_PER_LOGIT_COMPILED = 2
-KEPT_CHUNK_BYTES_PER_LOGIT = 10
+KEPT_CHUNK_BYTES_PER_LOGIT = 8
 # ... plus the head's weight gradient from one matmul over the micro-batch, b B per weight, when
 # the head trains (not under LoRA, whose head is frozen).
 # Past the limit the forward keeps per-row statistics only, and the backward recomputes each

@@ -180,3 +180,41 @@ def test_the_target_columns_gradient_is_rounded_once_where_its_probability_is_ne
     at_y = got.double()[torch.arange(3), y]
     assert ((at_y - want[torch.arange(3), y]).abs() / want[torch.arange(3), y].abs()).max() < 2**-7
     torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=1e-6)
+
+
+def test_the_kept_chunks_eager_gradient_pass_holds_8_bytes_per_logit():
+    """The plan's KEPT_CHUNK_BYTES_PER_LOGIT (eager): the gradient pass over a kept bf16 chunk allocates one
+    float32 copy and, with an entropy gradient, the float32 softmax (8 B per logit at its peak) and writes
+    the result into the chunk in place; counted here from every tensor the pass's operators allocate."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlhf.algos.logprobs import _chunk_grad_into
+    from rlhf.plan.memory import KEPT_CHUNK_BYTES_PER_LOGIT
+
+    class Peak(TorchDispatchMode):
+        live = peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if torch.is_tensor(a)}
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if torch.is_tensor(t) and t.untyped_storage().data_ptr() not in inputs:
+                    n = t.untyped_storage().nbytes()
+                    Peak.live += n
+                    Peak.peak = max(Peak.peak, Peak.live)
+                    weakref.finalize(t.untyped_storage(), lambda n=n: setattr(Peak, "live", Peak.live - n))
+            return out
+
+    rows, V = 64, 1000
+    g0 = torch.Generator().manual_seed(6)
+    logits = torch.randn(rows, V, generator=g0).bfloat16()
+    y = torch.randint(0, V, (rows,), generator=g0)
+    lse, ez, g, e = (torch.randn(rows, generator=g0) for _ in range(4))
+    before = logits.data_ptr()
+    with Peak():
+        _chunk_grad_into(logits, y, lse, ez, g, e, 0.9)
+    assert logits.data_ptr() == before
+    per_logit = Peak.peak / (rows * V)
+    assert KEPT_CHUNK_BYTES_PER_LOGIT - 0.5 < per_logit <= KEPT_CHUNK_BYTES_PER_LOGIT + 0.1, per_logit

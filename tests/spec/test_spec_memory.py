@@ -406,10 +406,10 @@ def test_the_log_prob_pass_keeps_the_logits_up_to_the_limit(capsys):
         assert figures[t] == pytest.approx(want / 1e9, abs=0.051), t
     assert figures[512] < figures[4096] < figures[32768] < figures[65536]
     assert figures[65536] == pytest.approx((2 * 2**33 + 2 * 2**28 + 2 * V * h) / 1e9, abs=0.051)
-    # eager chunk passes (train.compile_logprobs=false): 10 B per logit of a chunk
+    # eager chunk passes (train.compile_logprobs=false): 8 B per logit of a chunk
     out = plan(capsys, *base, "train.max_tokens_per_micro_batch=4096", "train.compile_logprobs=false")
     assert figure(out, "training phase:", "log-prob pass") == \
-        pytest.approx((2 * 4096 * V + 10 * 2**28 + 2 * V * h) / 1e9, abs=0.051)
+        pytest.approx((2 * 4096 * V + 8 * 2**28 + 2 * V * h) / 1e9, abs=0.051)
 
 
 def test_past_the_limit_the_log_prob_pass_is_the_larger_of_keeping_and_recomputing():
@@ -428,7 +428,7 @@ def test_past_the_limit_the_log_prob_pass_is_the_larger_of_keeping_and_recomputi
     # float32 weights keep float32 logits
     f32 = _spec(load("model", "qwen2.5-1.5b"), dtype="float32")
     assert memory.logprob_pass_gb(f32, 100, 2**26, 0, keep=2**28) == \
-        pytest.approx((4 * 100 * V + 10 * 100 * V + 4 * V * h) / 1e9, rel=1e-12)
+        pytest.approx((4 * 100 * V + 8 * 100 * V + 4 * V * h) / 1e9, rel=1e-12)
 
 
 # ---- host memory (per node)
