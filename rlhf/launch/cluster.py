@@ -184,7 +184,7 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
-        cluster.warnings += filter(None, [device_memory_warning(spec, cluster)])
+        cluster.warnings += filter(None, [check_device_memory(spec, cluster)])
     except BaseException:
         cluster.shutdown()
         raise
@@ -210,19 +210,24 @@ def start_waves(spec: RunSpec) -> list[list[int]]:
     return waves
 
 
-def device_memory_warning(spec: RunSpec, cluster: Cluster) -> Optional[str]:
-    """hardware.device_memory_gb checked against one GPU's total (``rlhf.plan.memory.device_memory_mismatch``):
-    the warning line, or None. Asked of the first training or frozen model's rank 0, which has set
-    its device (a vLLM engine of TP > 1 holds no GPU in its own process); every GPU of a run is
-    assumed alike. None off CUDA."""
+def check_device_memory(spec: RunSpec, cluster: Cluster) -> Optional[str]:
+    """hardware.device_memory_gb checked against one GPU's total: a UserError when the GPU is smaller
+    and the plan does not fit it (``rlhf.plan.memory.device_memory_refusal``; the caller shuts the
+    cluster down), else the warning line of ``device_memory_mismatch``, or None. Asked of the first
+    training or frozen model's rank 0, which has set its device (a vLLM engine of TP > 1 holds no
+    GPU in its own process); every GPU of a run is assumed alike. None off CUDA."""
     if spec.device != "cuda":
         return None
-    from rlhf.plan.memory import device_memory_mismatch
+    from rlhf.plan.memory import device_memory_mismatch, device_memory_refusal
 
     group = next((cluster.groups[r] for r in ROLE_CLASSES if r != "rollout" and r in cluster.groups), None)
     if group is None:
         return None
-    return device_memory_mismatch(spec, ray.get(group.workers[0].device_memory_total.remote()))
+    total = ray.get(group.workers[0].device_memory_total.remote())
+    refusal = device_memory_refusal(spec, total)
+    if refusal:
+        raise UserError(refusal)
+    return device_memory_mismatch(spec, total)
 
 
 def ray_nodes(spec: RunSpec) -> list[str]:

@@ -324,6 +324,31 @@ def device_memory_mismatch(spec: RunSpec, total_bytes: int) -> str | None:
             f"(rollout.gpu_memory_utilization of the true total) disagree; set hardware.device_memory_gb={fix:g}.")
 
 
+def device_memory_refusal(spec: RunSpec, total_bytes: int) -> str | None:
+    """One error line when the GPU (``total_bytes``, CUDA's total) is smaller than
+    ``hardware.device_memory_gb`` by more than DEVICE_MEMORY_TOLERANCE and the plan, estimated again
+    at the GPU's true total (vLLM's share of it included), does not fit it: the plan's choices
+    (token budget, resident states, kept logits) were made for a larger GPU, and such a run thrashes
+    the allocator or runs out of memory (a 1.5B run planned for 150.7 GB on an 85-GB H100: update
+    5× slower, BENCHMARKS §8). None otherwise: a larger GPU, or a smaller one the plan still fits,
+    gets ``device_memory_mismatch``'s warning."""
+    import dataclasses
+
+    stated, measured = spec.hardware.device_memory_gb, total_bytes / GB
+    if measured >= stated * (1 - DEVICE_MEMORY_TOLERANCE):
+        return None
+    real = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, device_memory_gb=measured))
+    over = over_limit(real, estimate(real))
+    if not over:
+        return None
+    fix = math.floor(measured * 10) / 10
+    figures = ", ".join(f"{k} {v:.1f} GB" for k, v in over.items())
+    return (f"hardware.device_memory_gb={stated:g} but this GPU's total is {measured:.2f} GB "
+            f"({total_bytes / 2**30:.1f} GiB, as CUDA reports it), and the plan made for {stated:g} GB does not fit "
+            f"it ({figures}; {FIT_MARGIN:.0%} of {measured:.1f} GB usable): set hardware.device_memory_gb={fix:g} "
+            f"and the plan chooses for this GPU (--plan shows it).")
+
+
 def over_limit(spec: RunSpec, est: Estimate) -> dict[str, float]:
     """The figures that do not fit, ``{name: GB}`` (GPU figures, then "host memory"); none on CPU."""
     if spec.hardware.accelerator != "cuda":

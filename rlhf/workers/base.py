@@ -201,7 +201,7 @@ class Worker:
     def device_memory_total(self) -> int:
         """Bytes CUDA reports as this process's device's total (what vLLM's gpu_memory_utilization
         is a share of); 0 off CUDA. The driver compares it with hardware.device_memory_gb once per
-        run (rlhf.launch.cluster.device_memory_warning)."""
+        run (rlhf.launch.cluster.check_device_memory)."""
         if self.device != "cuda":
             return 0
         import torch

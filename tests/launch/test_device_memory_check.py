@@ -1,7 +1,8 @@
 """The start-up check of ``hardware.device_memory_gb`` against the GPU's total as CUDA reports it
-(rlhf.plan.memory.device_memory_mismatch, asked of one worker by rlhf.launch.cluster): one warning
-line per run when they differ by more than 3 %, naming both numbers and the fix. CUDA's total and
-the Ray actors are stood in for (CPU machine)."""
+(rlhf.plan.memory.device_memory_mismatch and device_memory_refusal, asked of one worker by
+rlhf.launch.cluster): one warning line per run when they differ by more than 3 %, naming both
+numbers and the fix; an error, and the cluster shut down, when the GPU is smaller and the plan does
+not fit it. CUDA's total and the Ray actors are stood in for (CPU machine)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from rlhf.launch import cluster as launch_cluster
 from rlhf.launch import group as launch_group
 from rlhf.launch.group import ActorGroup
-from rlhf.plan.memory import device_memory_mismatch
+from rlhf.plan.memory import device_memory_mismatch, device_memory_refusal, estimate, over_limit
+from rlhf.spec.errors import UserError
 from rlhf.workers.policy import PolicyWorker
 
 from tests.helpers import planned_spec
@@ -99,4 +101,62 @@ def test_start_cluster_asks_one_worker_once(monkeypatch, stated, warns):
 def test_no_check_off_cuda():
     spec = planned_spec([])
     assert spec.device == "cpu"
-    assert launch_cluster.device_memory_warning(spec, launch_cluster.Cluster(spec=spec)) is None
+    assert launch_cluster.check_device_memory(spec, launch_cluster.Cluster(spec=spec)) is None
+
+
+H100_TOTAL = int(79.18 * GIB)  # an H100 80GB HBM3 as CUDA reports it (torch's OOM line: 79.18 GiB): 85.02 GB
+# issue 33's 1.5B peer workload from the 1xh200 recipe (M = 150.7), as the twenty-sixth session ran it on an H100
+P1 = ["hardware=1xh200", "model=qwen2.5-1.5b", "train.prompts_per_step=32", "train.micro_batch_size=16",
+      "algo.group_size=8", "rollout.max_prompt_tokens=128", "rollout.max_response_tokens=256",
+      "rollout.gpu_memory_utilization=0.5", "placement.sleep_rollout=true", "model.liger_kernels=false",
+      "algo.kl.coef=0"]
+
+
+def test_a_smaller_gpu_the_plan_does_not_fit_is_refused_with_the_figure_and_the_fix():
+    spec = planned_spec(P1)
+    assert spec.hardware.device_memory_gb == 150.7 and spec.train.max_tokens_per_micro_batch == 16384
+    line = device_memory_refusal(spec, H100_TOTAL)
+    assert line is not None and "\n" not in line
+    assert line.startswith("hardware.device_memory_gb=150.7 but this GPU's total is 85.02 GB (79.2 GiB")
+    assert line.endswith("set hardware.device_memory_gb=85 and the plan chooses for this GPU (--plan shows it).")
+    # the figure named is the plan's own choices estimated at 85 GB, written out here as overrides
+    chosen = [f"{d.key}={str(d.value).lower() if isinstance(d.value, bool) else d.value}" for d in spec.auto]
+    assert "placement.offload_train_state=false" in chosen  # resident: what the larger GPU allowed
+    same_choices = planned_spec(P1 + [f"hardware.device_memory_gb={H100_TOTAL / 1e9}"] + chosen)
+    est = estimate(same_choices)
+    over = over_limit(same_choices, est)
+    assert list(over) == ["training phase"] and over["training phase"] > 0.95 * H100_TOTAL / 1e9
+    assert f"training phase {est.total('training phase'):.1f} GB" in line
+    # with the fix the plan picks for the GPU (a smaller token budget) and the check passes
+    fixed = planned_spec(P1 + ["hardware.device_memory_gb=85"])
+    assert fixed.train.max_tokens_per_micro_batch == 8192
+    assert device_memory_refusal(fixed, H100_TOTAL) is None and device_memory_mismatch(fixed, H100_TOTAL) is None
+
+
+def test_a_smaller_gpu_the_plan_still_fits_and_a_larger_one_are_only_warned():
+    small = planned_spec(["hardware=1xh200", "model=qwen2.5-0.5b", "train.max_tokens_per_micro_batch=4096",
+                          "rollout.gpu_memory_utilization=0.3"])
+    assert device_memory_refusal(small, H100_TOTAL) is None
+    assert device_memory_mismatch(small, H100_TOTAL) is not None
+    stated_less = planned_spec(P1 + ["hardware.device_memory_gb=85"])  # an H200 under a file that says less
+    assert device_memory_refusal(stated_less, H200_TOTAL) is None
+    assert device_memory_mismatch(stated_less, H200_TOTAL) is not None
+    # within the tolerance nothing is re-planned: 3 % below the stated figure is still the same GPU
+    assert device_memory_refusal(planned_spec(P1), int(150.7 * 0.971 * 1e9)) is None
+
+
+def test_start_cluster_refuses_a_smaller_gpu_and_shuts_the_cluster_down(monkeypatch):
+    spec = planned_spec(P1)
+    shut: list = []
+
+    def place(spec, cluster):
+        cluster.groups["actor"] = ActorGroup("actor", [_Rank([], "actor", 0, H100_TOTAL)])
+
+    monkeypatch.setattr(launch_cluster, "init_ray", lambda spec: False)
+    monkeypatch.setattr(launch_cluster, "_place", place)
+    monkeypatch.setattr(launch_cluster.Cluster, "shutdown", lambda self: shut.append(True))
+    for module in (launch_cluster, launch_group):
+        monkeypatch.setattr(module.ray, "get", lambda refs: refs)
+    with pytest.raises(UserError, match=r"^hardware.device_memory_gb=150.7 but .* set hardware.device_memory_gb=85 "):
+        launch_cluster.start_cluster(spec)
+    assert shut == [True]
