@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -282,7 +283,7 @@ def ensure_model(a) -> str:
 # ----------------------------------------------------------------------------- our side
 
 
-def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
+def ours_overrides(a, model: str, prompts_file: str, run_dir: str, device_gb: float | None = None) -> list[str]:
     on = {"on": "true", "off": "false", "auto": "auto"}[a.sleep]
     ov = [
         f"recipe={RECIPE}",
@@ -314,8 +315,22 @@ def ours_overrides(a, model: str, prompts_file: str, run_dir: str) -> list[str]:
         ov += ["hardware=cpu", "train.zero_stage=0", "model.dtype=float32", "model.vocab=2048",
                "model.hidden=64", "model.intermediate=128", "model.n_layers=2", "model.n_heads=4",
                "model.n_kv_heads=2"]
+    if device_gb is not None:  # the GPU's own total: the recipe says an H200's, and a smaller GPU is refused
+        ov.append(f"hardware.device_memory_gb={device_gb:g}")
     ov += shlex.split(a.ours_extra)
     return ov
+
+
+def gpu_total_gb() -> float | None:
+    """The first GPU's total as CUDA reports it, in GB rounded down to 0.1 (what
+    ``hardware.device_memory_gb`` states), from a child process (no CUDA context in this one); None
+    without a GPU."""
+    try:
+        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.mem_get_info()[1])"],
+                           capture_output=True, text=True, timeout=60)
+        return math.floor(int(r.stdout.strip()) / 1e8) / 10
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 def ours_metrics_name(a) -> str:
@@ -930,7 +945,8 @@ def run_ours(a, model: str, prompts_file: str, work: Path, timeout: float, sampl
         shutil.rmtree(run_dir, ignore_errors=True)
     metrics = run_dir / "metrics.jsonl"
     n = total_steps(a)
-    cmd = [sys.executable, "-m", "rlhf.cli", *ours_overrides(a, model, prompts_file, str(run_dir))]
+    device_gb = None if a.cpu_test or "hardware.device_memory_gb=" in a.ours_extra else gpu_total_gb()
+    cmd = [sys.executable, "-m", "rlhf.cli", *ours_overrides(a, model, prompts_file, str(run_dir), device_gb)]
     t0 = time.time()
     first = {}
 

@@ -55,6 +55,10 @@ def test_metrics_copy_name_follows_the_settings():
 
     assert "train.max_tokens_per_micro_batch=null" in ours_overrides(parse_args(base + ["--ours-tokens", "0"]), "m", "p", "r")
     assert "train.max_tokens_per_micro_batch=32768" in ours_overrides(parse_args(base), "m", "p", "r")
+    # the GPU's own total, when measured, goes before --ours-extra (which can still set it)
+    ov = ours_overrides(parse_args(base + ["--ours-extra", "algo.tis_cap=2"]), "m", "p", "r", 85.0)
+    assert ov[-2:] == ["hardware.device_memory_gb=85", "algo.tis_cap=2"]
+    assert not any(o.startswith("hardware.device_memory_gb") for o in ours_overrides(parse_args(base), "m", "p", "r"))
 
 
 def test_paired_passes_count_steps_where_the_reference_was_not_slower():
