@@ -171,6 +171,8 @@ def start_cluster(spec: RunSpec) -> Cluster:
     cluster.started_ray = init_ray(spec)
     try:
         _place(spec, cluster)
+        # before any model loads: a GPU smaller than the plan's is refused in seconds, not after the start
+        cluster.warnings += filter(None, [check_device_memory(spec, cluster)])
         pending = []
         for role, g in cluster.groups.items():
             if role != "rollout":
@@ -184,7 +186,6 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
-        cluster.warnings += filter(None, [check_device_memory(spec, cluster)])
     except BaseException:
         cluster.shutdown()
         raise
@@ -214,8 +215,9 @@ def check_device_memory(spec: RunSpec, cluster: Cluster) -> Optional[str]:
     """hardware.device_memory_gb checked against one GPU's total: a UserError when the GPU is smaller
     and the plan does not fit it (``rlhf.plan.memory.device_memory_refusal``; the caller shuts the
     cluster down), else the warning line of ``device_memory_mismatch``, or None. Asked of the first
-    training or frozen model's rank 0, which has set its device (a vLLM engine of TP > 1 holds no
-    GPU in its own process); every GPU of a run is assumed alike. None off CUDA."""
+    training or frozen model's rank 0 once its process exists, before any model loads (Ray shows
+    the process its bundle's GPU only, as device 0; a vLLM engine of TP > 1 holds no GPU in its own
+    process); every GPU of a run is assumed alike. None off CUDA."""
     if spec.device != "cuda":
         return None
     from rlhf.plan.memory import device_memory_mismatch, device_memory_refusal

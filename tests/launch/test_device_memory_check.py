@@ -145,12 +145,19 @@ def test_a_smaller_gpu_the_plan_still_fits_and_a_larger_one_are_only_warned():
     assert device_memory_refusal(planned_spec(P1), int(150.7 * 0.971 * 1e9)) is None
 
 
-def test_start_cluster_refuses_a_smaller_gpu_and_shuts_the_cluster_down(monkeypatch):
+def test_start_cluster_refuses_a_smaller_gpu_before_any_model_loads_and_shuts_the_cluster_down(monkeypatch):
     spec = planned_spec(P1)
     shut: list = []
+    started: list = []
+
+    class Rank(_Rank):
+        def __getattr__(self, name):
+            if name in ("address", "init_distributed"):
+                started.append(name)
+            return super().__getattr__(name)
 
     def place(spec, cluster):
-        cluster.groups["actor"] = ActorGroup("actor", [_Rank([], "actor", 0, H100_TOTAL)])
+        cluster.groups["actor"] = ActorGroup("actor", [Rank([], "actor", 0, H100_TOTAL)])
 
     monkeypatch.setattr(launch_cluster, "init_ray", lambda spec: False)
     monkeypatch.setattr(launch_cluster, "_place", place)
@@ -159,4 +166,4 @@ def test_start_cluster_refuses_a_smaller_gpu_and_shuts_the_cluster_down(monkeypa
         monkeypatch.setattr(module.ray, "get", lambda refs: refs)
     with pytest.raises(UserError, match=r"^hardware.device_memory_gb=150.7 but .* set hardware.device_memory_gb=85 "):
         launch_cluster.start_cluster(spec)
-    assert shut == [True]
+    assert shut == [True] and started == []
