@@ -15,7 +15,7 @@ the busiest node as ``Estimate.host`` (GPU runs whose hardware states its host m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlhf.rollout import registry as engines
 from rlhf.spec.runspec import RunSpec
@@ -332,13 +332,12 @@ def device_memory_refusal(spec: RunSpec, total_bytes: int) -> str | None:
     the allocator or runs out of memory (a 1.5B run planned for 150.7 GB on an 85-GB H100: update
     5× slower, BENCHMARKS §8). None otherwise: a larger GPU, or a smaller one the plan still fits,
     gets ``device_memory_mismatch``'s warning."""
-    import dataclasses
-
     stated, measured = spec.hardware.device_memory_gb, total_bytes / GB
     if measured >= stated * (1 - DEVICE_MEMORY_TOLERANCE):
         return None
-    real = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, device_memory_gb=measured))
-    over = over_limit(real, estimate(real))
+    real = replace(spec, hardware=replace(spec.hardware, device_memory_gb=measured))
+    # the GPU figures only: the host's does not depend on the GPU (and preflight refused it already)
+    over = {k: v for k, v in over_limit(real, estimate(real)).items() if k != HOST}
     if not over:
         return None
     fix = math.floor(measured * 10) / 10
