@@ -29,7 +29,7 @@ def test_the_shipped_files_agree_with_the_cuda_totals():
     assert device_memory_mismatch(planned_spec(["hardware=1xh200"]), H200_TOTAL) is None
     assert device_memory_mismatch(planned_spec(["hardware=2xh200"]), H200_TOTAL) is None
     # H100 80GB HBM3 and A100 80GB: 79.1 and 79.35 GiB in torch, both within 3 % of 84.9 GB
-    for hw in ("8xh100", "8xa100-80g", "4x8xh100"):
+    for hw in ("1xh100", "8xh100", "8xa100-80g", "4x8xh100"):
         for gib in (79.1, 79.35):
             assert device_memory_mismatch(planned_spec([f"hardware={hw}"]), int(gib * GIB)) is None, (hw, gib)
 

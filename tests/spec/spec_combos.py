@@ -75,7 +75,7 @@ def assemble(algo: str, placement: str, model: str, hardware: str) -> dict:
     return secs
 
 
-# The issue's algorithms and models cross every placement and hardware (648 combinations); the
+# The issue's algorithms and models cross every placement and hardware (108 per hardware option); the
 # algorithms and models added since cross them with two models / two algorithms (every option still
 # builds on every placement and hardware, at a third of the full product's time).
 ISSUE_ALGOS = ("dpo", "dr_grpo", "grpo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "rloo", "rm", "sft")
