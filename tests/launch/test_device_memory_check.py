@@ -133,7 +133,7 @@ def test_a_smaller_gpu_the_plan_does_not_fit_is_refused_with_the_figure_and_the_
     assert device_memory_refusal(fixed, H100_TOTAL) is None and device_memory_mismatch(fixed, H100_TOTAL) is None
 
 
-def test_a_smaller_gpu_the_plan_still_fits_and_a_larger_one_are_only_warned():
+def test_a_smaller_gpu_the_plan_still_fits_and_a_larger_one_are_only_warned(monkeypatch):
     small = planned_spec(["hardware=1xh200", "model=qwen2.5-0.5b", "train.max_tokens_per_micro_batch=4096",
                           "rollout.gpu_memory_utilization=0.3"])
     assert device_memory_refusal(small, H100_TOTAL) is None
@@ -141,8 +141,14 @@ def test_a_smaller_gpu_the_plan_still_fits_and_a_larger_one_are_only_warned():
     stated_less = planned_spec(P1 + ["hardware.device_memory_gb=85"])  # an H200 under a file that says less
     assert device_memory_refusal(stated_less, H200_TOTAL) is None
     assert device_memory_mismatch(stated_less, H200_TOTAL) is not None
-    # within the tolerance nothing is re-planned: 3 % below the stated figure is still the same GPU
-    assert device_memory_refusal(planned_spec(P1), int(150.7 * 0.971 * 1e9)) is None
+    # within the tolerance nothing is estimated again: 3 % below the stated figure is the same GPU
+    from rlhf.plan import memory
+
+    spec, planned = planned_spec(P1), []
+    monkeypatch.setattr(memory, "estimate", lambda s: planned.append(s.hardware.device_memory_gb) or estimate(s))
+    assert device_memory_refusal(spec, int(150.7 * 0.971 * 1e9)) is None and planned == []
+    assert device_memory_refusal(spec, int(150.7 * 0.969 * 1e9)) is None  # estimated at 146.0 GB: it fits
+    assert planned == [pytest.approx(150.7 * 0.969)]
 
 
 def test_start_cluster_refuses_a_smaller_gpu_before_any_model_loads_and_shuts_the_cluster_down(monkeypatch):
