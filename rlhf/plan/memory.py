@@ -311,17 +311,23 @@ def capacity(spec: RunSpec, name: str) -> float:
 DEVICE_MEMORY_TOLERANCE = 0.03
 
 
+def _stated_against_gpu(stated: float, total_bytes: int) -> tuple[str, float]:
+    """The opening both start-up lines share (the stated figure against CUDA's total), and the fix:
+    the total rounded down to 0.1 GB, as the shipped hardware files state it."""
+    measured = total_bytes / GB
+    return (f"hardware.device_memory_gb={stated:g} but this GPU's total is {measured:.2f} GB "
+            f"({total_bytes / 2**30:.1f} GiB, as CUDA reports it)", math.floor(measured * 10) / 10)
+
+
 def device_memory_mismatch(spec: RunSpec, total_bytes: int) -> str | None:
     """One warning line when ``total_bytes``, a GPU's total as CUDA reports it, differs from
-    ``hardware.device_memory_gb`` by more than DEVICE_MEMORY_TOLERANCE of it; None when it agrees.
-    The fix it names rounds down to 0.1 GB, as the shipped hardware files do."""
-    stated, measured = spec.hardware.device_memory_gb, total_bytes / GB
-    if abs(measured - stated) <= DEVICE_MEMORY_TOLERANCE * stated:
+    ``hardware.device_memory_gb`` by more than DEVICE_MEMORY_TOLERANCE of it; None when it agrees."""
+    stated = spec.hardware.device_memory_gb
+    if abs(total_bytes / GB - stated) <= DEVICE_MEMORY_TOLERANCE * stated:
         return None
-    fix = math.floor(measured * 10) / 10
-    return (f"hardware.device_memory_gb={stated:g} but this GPU's total is {measured:.2f} GB "
-            f"({total_bytes / 2**30:.1f} GiB, as CUDA reports it): the plan's figures and vLLM's share "
-            f"(rollout.gpu_memory_utilization of the true total) disagree; set hardware.device_memory_gb={fix:g}.")
+    opening, fix = _stated_against_gpu(stated, total_bytes)
+    return (f"{opening}: the plan's figures and vLLM's share (rollout.gpu_memory_utilization of the true "
+            f"total) disagree; set hardware.device_memory_gb={fix:g}.")
 
 
 def device_memory_refusal(spec: RunSpec, total_bytes: int) -> str | None:
@@ -340,12 +346,11 @@ def device_memory_refusal(spec: RunSpec, total_bytes: int) -> str | None:
     over = {k: v for k, v in over_limit(real, estimate(real)).items() if k != HOST}
     if not over:
         return None
-    fix = math.floor(measured * 10) / 10
+    opening, fix = _stated_against_gpu(stated, total_bytes)
     figures = ", ".join(f"{k} {v:.1f} GB" for k, v in over.items())
-    return (f"hardware.device_memory_gb={stated:g} but this GPU's total is {measured:.2f} GB "
-            f"({total_bytes / 2**30:.1f} GiB, as CUDA reports it), and the plan made for {stated:g} GB does not fit "
-            f"it ({figures}; {FIT_MARGIN:.0%} of {measured:.1f} GB usable): set hardware.device_memory_gb={fix:g} "
-            f"and the plan chooses for this GPU (--plan shows it).")
+    return (f"{opening}, and the plan made for {stated:g} GB does not fit it ({figures}; {FIT_MARGIN:.0%} of "
+            f"{measured:.1f} GB usable): set hardware.device_memory_gb={fix:g} and the plan chooses for this GPU "
+            f"(--plan shows it).")
 
 
 def over_limit(spec: RunSpec, est: Estimate) -> dict[str, float]:
