@@ -178,6 +178,8 @@ def start_cluster(spec: RunSpec) -> Cluster:
             if role != "rollout":
                 pending += g.start()
         if cluster.rollout is not None:  # last: later waves wait for the earlier ones
+            if engines_wait_for_models(spec):
+                ray.get(pending)
             waves = start_waves(spec)
             started = cluster.rollout.start(waves[0])
             pending += started
@@ -190,6 +192,18 @@ def start_cluster(spec: RunSpec) -> Cluster:
         cluster.shutdown()
         raise
     return cluster
+
+
+def engines_wait_for_models(spec: RunSpec) -> bool:
+    """Whether the rollout engines start only once the model workers have loaded: where they share
+    devices (hybrid placement) and their kind sizes its memory from the device's free memory while
+    it starts (``EngineKind.starts_alone_on_device``: vLLM). vLLM counts another process's growth
+    during its profiling as its own and stops when the free memory grows under it ("Error in memory
+    profiling"), which a model worker's release of set-up's cached blocks did at 1.5B with a
+    reference (BENCHMARKS §8, twenty-seventh session)."""
+    if not engines.kind(spec).starts_alone_on_device:
+        return False
+    return any(spec.layout.shares("rollout", role) for role in spec.layout.roles if role != "rollout")
 
 
 def start_waves(spec: RunSpec) -> list[list[int]]:

@@ -2,7 +2,8 @@
 (rlhf.plan.memory.device_memory_mismatch and device_memory_refusal, asked of one worker by
 rlhf.launch.cluster): one warning line per run when they differ by more than 3 %, naming both
 numbers and the fix; an error, and the cluster shut down, when the GPU is smaller and the plan does
-not fit it. CUDA's total and the Ray actors are stood in for (CPU machine)."""
+not fit it. Beside it, the start-up order on a GPU that vLLM shares with the models: the engines
+start once the models have loaded. CUDA's total and the Ray actors are stood in for (CPU machine)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,46 @@ def test_start_cluster_refuses_a_smaller_gpu_before_any_model_loads_and_shuts_th
     with pytest.raises(UserError, match=r"^hardware.device_memory_gb=150.7 but .* set hardware.device_memory_gb=85 "):
         launch_cluster.start_cluster(spec)
     assert shut == [True] and started == []
+
+
+@pytest.mark.parametrize("engine, waits", [("vllm", True), ("hf", False)])
+def test_vllm_engines_beside_the_models_start_once_the_models_have_loaded(monkeypatch, engine, waits):
+    """vLLM sizes its KV cache from the GPU's free memory while it starts and stops when that grows
+    under it: in hybrid placement its engines start after the model workers' ``init_distributed``
+    (load + release of set-up's cache) has returned. An engine that sizes nothing from the free
+    memory (HF) starts beside them."""
+    spec = planned_spec(["hardware=1xh200", f"rollout.engine={engine}", "placement.rollout.engines_per_device=1"])
+    assert spec.layout.one_pool and launch_cluster.engines_wait_for_models(spec) == waits
+    events: list = []
+
+    class Rank(_Rank):
+        def __getattr__(self, name):
+            if name == "init_distributed":
+                return NS(remote=lambda *a: (events.append(("start", self.role)), ("ref", self.role))[1])
+            return super().__getattr__(name)
+
+    def place(spec, cluster):
+        for role in ("rollout", "reference", "actor"):
+            cluster.groups[role] = ActorGroup(role, [Rank([], role, 0, H200_TOTAL)])
+
+    def get(refs):
+        if isinstance(refs, list) and refs and isinstance(refs[0], tuple) and refs[0][0] == "ref":
+            events.append(("wait", tuple(sorted(r[1] for r in refs))))
+        return refs
+
+    monkeypatch.setattr(launch_cluster, "init_ray", lambda spec: False)
+    monkeypatch.setattr(launch_cluster, "_place", place)
+    for module in (launch_cluster, launch_group):
+        monkeypatch.setattr(module.ray, "get", get)
+    launch_cluster.start_cluster(spec)
+    rollout_at = events.index(("start", "rollout"))
+    models_waited = ("wait", ("actor", "reference")) in events[:rollout_at]
+    assert models_waited == waits, events
+    assert {("start", "actor"), ("start", "reference")} <= set(events[:rollout_at])  # models first either way
+    assert events[-1] == ("wait", ("actor", "reference", "rollout"))  # every start waited for at the end
+
+
+def test_disaggregated_engines_start_beside_the_models():
+    spec = planned_spec(["hardware=8xh100", "placement=disaggregated"])
+    assert launch_cluster.engines.kind(spec).starts_alone_on_device  # vLLM on GPU
+    assert not launch_cluster.engines_wait_for_models(spec)
