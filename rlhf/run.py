@@ -266,9 +266,13 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             _close(console)
             print(f"error: {user}", file=sys.stderr)
             return EXIT_USER
-        from rlhf.launch.failures import worker_failure
+        from rlhf.launch.cluster import ClusterStartError
+        from rlhf.launch.failures import start_failure, worker_failure
 
-        died = worker_failure(e, cluster)  # a dead worker or engine, a collective timeout
+        if isinstance(e, ClusterStartError):  # a worker's model load or engine start
+            died = start_failure(e.__cause__, e.roster)
+        else:
+            died = worker_failure(e, cluster)  # a dead worker or engine, a collective timeout
         if died is not None:
             _close(console)
             from rlhf.track.worker_logs import where  # rlhf/track: the workers' own account of it

@@ -188,10 +188,24 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
-    except BaseException:
+    except BaseException as e:
+        roster = Cluster(spec=spec, groups={r: ActorGroup(r, g.workers) for r, g in cluster.groups.items()},
+                         nodes=list(cluster.nodes))  # who held what, once shut down
         cluster.shutdown()
+        if isinstance(e, ray.exceptions.RayError) and not isinstance(e, UserError):
+            raise ClusterStartError(roster) from e
         raise
     return cluster
+
+
+class ClusterStartError(RuntimeError):
+    """A worker raised or died while the cluster started (loading its model, starting its engine):
+    the error is the ``__cause__``. The cluster is shut down; ``roster`` keeps which actor held
+    which role and rank, for the driver's one line (``rlhf.launch.failures.start_failure``)."""
+
+    def __init__(self, roster: Cluster):
+        super().__init__("a worker failed while the cluster started")
+        self.roster = roster
 
 
 def engines_wait_for_models(spec: RunSpec) -> bool:

@@ -13,6 +13,9 @@ GPUs), the phase and step it failed in, the cause, and the last checkpoint.
   rank that reports it is waiting for another that stopped joining, so the line names the whole
   group and says where to look.
 
+A worker that raised or died while the cluster started (its model load, its engine's start:
+``rlhf.launch.cluster.ClusterStartError``) gets a line of its own, ``start_failure``.
+
 The worker is found by its Ray actor id: a ``RayActorError`` carries the dead actor's, and a
 ``RayTaskError`` (an error raised inside a worker) names the actor that raised it in its first line.
 The RL loop's ``Phases`` marks an exception with the phase and step it escaped from (``mark``).
@@ -89,6 +92,16 @@ def worker_failure(e: BaseException, cluster: Cluster) -> Optional[str]:
     return f"{_subject(cluster, roles, rank)} died {during}: {cause}. Cluster shut down.{ckpt}"
 
 
+def start_failure(e: BaseException, roster: Cluster) -> Optional[str]:
+    """The one line for a worker that raised or died while the cluster started (``e``: what it
+    raised, ``roster``: ``ClusterStartError.roster``), e.g. vLLM stopping in its memory profiling;
+    None when no worker of ``roster`` raised it."""
+    roles, rank = _roles_of(roster, _actor_id(e))
+    if not roles:
+        return None
+    return f"{_subject(roster, roles, rank)} failed while the cluster started: {_cause_line(e)}. Cluster shut down."
+
+
 def engine_dead(e: BaseException, names: tuple[str, ...]) -> Optional[str]:
     """The class name of an engine-dead error (one of ``names``) in ``e``'s causes, or None."""
     return next((type(c).__name__ for c in causes(e) if type(c).__name__ in names), None)
@@ -118,7 +131,9 @@ def timeout_in(text: str) -> Optional[tuple[Optional[float], Optional[str], str]
 def _first_line(text: str) -> str:
     line = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().split("\n")[0]
     line = re.sub(r"^(\[[^\]]*\]\s*)+", "", line)  # torch's "[Rank 0]" and gloo's "[file.cc:78]" prefixes
-    return line[:300].rstrip(". ")  # the line goes on after it
+    if len(line) > 400:  # a whole sentence or two (vLLM's are ~300 characters), cut between words
+        line = line[:400].rsplit(" ", 1)[0] + " …"
+    return line.rstrip(". ")  # the line goes on after it
 
 
 def _cause_line(e: BaseException) -> str:

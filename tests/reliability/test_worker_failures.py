@@ -21,6 +21,10 @@ import pytest
 GPU_RUN = ["hardware=8xh100", "placement=disaggregated", "placement.actor=4",
            "placement.reference=0", "algo.kl.coef=0", "placement.rollout.engines=4",
            "tracking.backend=none", "tracking.console=plain"]  # actor on GPUs 0-3, engines on 4, 5, 6, 7
+# vLLM 0.26's check in its memory profiling, as an engine raised it beside loading models (BENCHMARKS §8, s27)
+VLLM_PROFILING = ("Error in memory profiling. Initial free memory 44.2 GiB, current free memory 45.78 GiB. This happens "
+                  "when other processes sharing the same container release GPU memory while vLLM is profiling during "
+                  "initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container.")
 NCCL_WATCHDOG = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, "
                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600057 milliseconds before timing out.")
 
@@ -59,6 +63,16 @@ def _stand_in_class():
                              f"with exception: {NCCL_WATCHDOG}\n")
             sys.stderr.flush()
             os._exit(134)
+
+        def fail_start(self) -> None:
+            self.failing = True
+
+        def address(self):
+            return "127.0.0.1", 29500
+
+        def init_distributed(self, master_addr: str, master_port: int) -> None:
+            if getattr(self, "failing", False):  # what vLLM's LLM(...) raised in a GPU run's start
+                raise AssertionError(VLLM_PROFILING)
 
         def join(self, port: int, rank: int) -> None:
             import datetime
@@ -188,6 +202,48 @@ def test_dead_engine_core_is_one_line_through_run_exit_1_nothing_left(ray_local,
         f"Last checkpoint: {saved} (step 6); continue with resume=<run dir>. Worker logs: {out / 'logs'}/")
     assert (saved / "COMPLETE").is_file() and (saved / "driver.pt").read_bytes() == b"state"
     assert leftovers(*before) == ([], [])  # the stand-in engine was killed with the cluster
+
+
+def test_an_engine_that_fails_to_start_is_one_line_through_run_exit_1_nothing_left(ray_local, rlhf_cache, tmp_path,
+                                                                                  capsys, monkeypatch):
+    """A worker that raises while the cluster starts (here vLLM's memory-profiling check) is named
+    with its GPU and its error's first line, once the cluster is shut down: no traceback."""
+    import ray
+
+    from rlhf.launch import ActorGroup
+    from rlhf.launch import cluster as launch_cluster
+    from rlhf.run import run
+
+    from tests.helpers import leftovers, snapshot
+
+    out = tmp_path / "run"
+    spec = _spec(out, ["placement.actor=1", "placement.rollout.engines=1"])
+    before = snapshot()
+    actor, engine = ray_local.remote(), ray_local.remote()
+    ray.get(engine.fail_start.remote())
+
+    def place(spec, cluster):
+        cluster.groups["actor"] = ActorGroup("actor", [actor])
+        cluster.groups["rollout"] = ActorGroup("rollout", [engine])
+
+    monkeypatch.setattr(launch_cluster, "init_ray", lambda spec: False)
+    monkeypatch.setattr(launch_cluster, "_place", place)
+    monkeypatch.setattr(launch_cluster, "check_device_memory", lambda spec, cluster: None)
+    code = run(spec)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0] == (f"error: rollout engine 0 (GPU 1) failed while the cluster started: {VLLM_PROFILING[:-1]}. "
+                        f"Cluster shut down. Worker logs: {out / 'logs'}/")
+    assert leftovers(*before) == ([], [])  # both stand-ins killed with the cluster
+
+
+def test_a_start_error_no_worker_raised_names_nobody():
+    from rlhf.launch import Cluster
+    from rlhf.launch.failures import start_failure
+
+    assert start_failure(RuntimeError("placement group timed out"), Cluster(spec=None)) is None
 
 
 def _line_of(tmp_path, role_rank, actor, phase, step, call):
