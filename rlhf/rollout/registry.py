@@ -54,8 +54,9 @@ class EngineKind:
     device_weights: bool = False
     # exception class names meaning the engine died under a live worker (rlhf.launch.failures)
     dead_errors: tuple[str, ...] = ()
-    # engines that share a device (placement.rollout.engines_per_device) start one after another:
-    # the engine sizes its memory from what the device has free while it starts
+    # the engine sizes its memory from what the device has free while it starts: engines that share
+    # a device (placement.rollout.engines_per_device) start one after another, and engines beside
+    # model workers (hybrid) once those have loaded (rlhf.launch.cluster.start_cluster)
     starts_alone_on_device: bool = False
     # placement.rollout.engines_per_device=auto for a small model (rlhf.plan.auto) at TP 1 on CUDA:
     # more than 1 where one engine leaves the GPU waiting on its host side (measured for vLLM)

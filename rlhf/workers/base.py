@@ -166,8 +166,9 @@ class Worker:
             deepspeed.init_distributed(dist_backend=backend)
         self.setup()
         # set-up's temporaries (at ZeRO-3 an fp32 copy of the partition and its clone, 8 bytes per
-        # parameter) leave cached blocks that the vLLM engines starting beside a hybrid run need,
-        # and the first step's peaks should be the step's own
+        # parameter) leave cached blocks that the vLLM engines of a hybrid run need (they start once
+        # this returns: rlhf.launch.cluster.engines_wait_for_models), and the first step's peaks
+        # should be the step's own
         self.release_cuda_cache()
 
     def release_cuda_cache(self) -> dict[str, float]:
