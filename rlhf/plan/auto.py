@@ -9,7 +9,10 @@ each decision with a one-line reason for the plan. ``config_dict`` writes the gi
   CPU runs' passes, and the numbers their tests compare, as they always were); on GPUs the largest
   power of two up to ``MAX_AUTO_TOKENS`` (32,768), never below that product, at which every GPU
   figure still fits with the states where the other decisions put them (decided last): at 0.5B a
-  16k budget's update is 0.77× a 32k one's speed, 64k no faster (BENCHMARKS §12). For sft/rm/dpo,
+  16k budget's update is 0.77× a 32k one's speed, 64k no faster (BENCHMARKS §12). Where that product
+  would put Adam's state in host memory (``train.offload_optimizer`` auto), the largest power of two
+  below it, down to 8,192 tokens, at which the optimizer stays on the GPU instead: at 1.5B the host's
+  optimizer halved the update's MFU (BENCHMARKS §8, twenty-eighth session). For sft/rm/dpo,
   which do not pack by it, always the most their micro-batch holds (rlhf.spec.tokens).
 - ``train.zero_stage`` auto: 0 on CPU; on GPUs with one data-parallel rank per trained role ZeRO-1
   (ZeRO-2's gradient hooks partition nothing there and cost ~11 % of the update: 0.77 s against
@@ -63,7 +66,7 @@ from rlhf.plan.memory import (HOST, Estimate, capacity, estimate, over_limit, ov
                               smaller_shares, training_figure)
 from rlhf.spec.runspec import Decision, RunSpec
 from rlhf.spec.shape import model_type
-from rlhf.spec.tokens import micro_batch_tokens
+from rlhf.spec.tokens import micro_batch_tokens, sequence_tokens
 
 AUTO = "auto"
 # Decoding of models up to this size leaves the GPU waiting on the engine's host side (0.5B on an
@@ -74,6 +77,10 @@ SHARED_ENGINES_MAX_PARAMS = 2e9
 # The largest token budget the GPU auto picks: at 0.5B on an H200 the update's speed rises from 16k to
 # 32k tokens per micro-batch (1.30×) and not beyond (64k: 1.00×, twice the activations; BENCHMARKS §12).
 MAX_AUTO_TOKENS = 32_768
+# The smallest budget the GPU auto goes down to, below micro-batch samples × the longest sequence, to
+# keep Adam's state on the GPU: at 1.5B on an H100 the loop's update ran at 47 % MFU at 8,192 tokens
+# with the optimizer on the GPU (BENCHMARKS §8); smaller passes were not measured against the host's optimizer.
+MIN_ON_GPU_TOKENS = 8_192
 
 
 def _what(name: str) -> str:
@@ -115,14 +122,16 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
     placed = _states(spec)
     if out and out[0].key == "train.max_tokens_per_micro_batch" and spec.algo.kind == "rl" \
             and spec.hardware.accelerator == "cuda":
-        base, out[0] = out[0], _token_budget(spec, out[0])
-        if out[0].value != base.value and placed:
+        base = out[0]
+        smaller = _budget_keeping_the_optimizer(spec, base, placed)
+        if smaller is not None:  # states decided again at it: Adam's state on the GPU
+            out[0], placed = smaller
+        else:
+            out[0] = _token_budget(spec, base)
+        if smaller is None and out[0].value != base.value and placed:
             # decided again at the chosen budget: the same values (a larger budget only adds memory,
             # and the values decided at the smaller one fit at it), the reasons' figures as planned
-            for d in placed:
-                section, key = d.key.split(".")
-                setattr(getattr(spec, section), key, d.given)
-            placed = _states(spec)
+            placed = _states_again(spec, placed)
     unmeasured = compile_auto and spec.model.compile_layers and _compile_unmeasured(spec)
     if unmeasured:  # where the states went (decided above) was not measured with compiled layers
         spec.model.compile_layers = False  # no figure changes: compiled layers are planned as eager ones
@@ -146,6 +155,14 @@ def _states(spec: RunSpec) -> list[Decision]:
         if awake:
             spec.placement.sleep_rollout = False
     return out + _train_state(spec)
+
+
+def _states_again(spec: RunSpec, placed: list[Decision]) -> list[Decision]:
+    """The states' decisions (``placed``) back to auto and decided again, at the spec's budget now."""
+    for d in placed:
+        section, key = d.key.split(".")
+        setattr(getattr(spec, section), key, d.given)
+    return _states(spec)
 
 
 def _token_budget(spec: RunSpec, base: Decision) -> Decision:
@@ -172,6 +189,45 @@ def _token_budget(spec: RunSpec, base: Decision) -> Decision:
         why = f"{base.why}; {t} would make {_what(name)} {gb:.0f} GB of {capacity(spec, name):.0f} usable"
     train.max_tokens_per_micro_batch = t0
     return Decision(base.key, base.given, t0, why)
+
+
+def _budget_keeping_the_optimizer(spec: RunSpec, base: Decision,
+                                  placed: list[Decision]) -> Optional[tuple[Decision, list[Decision]]]:
+    """RL on GPUs, the budget null, and ``train.offload_optimizer`` auto put Adam's state in host memory
+    at today's budget t₀ (``base``): the largest power of two t with MIN_ON_GPU_TOKENS ≤ t < t₀ (and
+    at least one sequence) at which the states, decided again there, keep it on the GPU; (the
+    budget's decision, the states' decisions at t), or None with the states as they were at t₀.
+    A smaller packed pass costs the update far less than the host's optimizer: at 1.5B on an H100,
+    16,384 tokens with the optimizer on the host (DeepSpeed's CPU Adam at ZeRO-2, eager layers, as
+    decided there) ran the update at 23 % MFU (6.1 s), against 47 % at 8,192 tokens with Adam on
+    the GPU (BENCHMARKS §8, twenty-eighth session)."""
+    if not any(d.key == "train.offload_optimizer" and d.value is True for d in placed):
+        return None
+    t0, seq = base.value, sequence_tokens(spec.algo, spec.data, spec.rollout)
+    floor = max(MIN_ON_GPU_TOKENS, seq)
+    states_moved = spec.placement.offload_train_state  # hybrid's states to the host each step, at t₀
+
+    def decide_states_at(t: int) -> list[Decision]:
+        spec.train.max_tokens_per_micro_batch = t
+        return _states_again(spec, placed)
+
+    for t in (1 << k for k in range(t0.bit_length() - 1, -1, -1)):
+        if t >= t0:
+            continue
+        if t < floor:
+            break
+        states = decide_states_at(t)
+        # the optimizer on the GPU, every GPU figure fitting, and no offload of hybrid's states each step
+        # that t₀ did not have (it would trade the host's optimizer for a host round trip a step)
+        if spec.train.offload_optimizer is False and spec.placement.offload_train_state <= states_moved \
+                and not (over_limit(spec, estimate(spec)).keys() - {HOST}):
+            name, gb = worst_training_figure(estimate(spec))
+            why = (f"the largest power of two below {base.why} = {t0} at which Adam's state stays on the GPU "
+                   f"({_what(name)} {gb:.0f} of {capacity(spec, name):.0f} GB usable): the optimizer in host "
+                   f"memory ran the update at half the MFU (1.5B, BENCHMARKS §8)")
+            return Decision(base.key, base.given, t, why), states
+    decide_states_at(t0)  # none: the states as they were, at t₀
+    return None
 
 
 def _liger(spec: RunSpec) -> tuple[bool, str]:

@@ -1,7 +1,8 @@
 """train.max_tokens_per_micro_batch null (rlhf.plan.auto._token_budget): RL on GPUs takes the largest
 power of two ≤ 32,768, not below micro-batch samples × the longest sequence, at which every GPU
-figure fits with the states where the build put them; CPU runs keep that product; an explicit value
-is kept. The ZeRO stage at one rank (ZeRO-1; ZeRO-2 with the optimizer offloaded) is decided beside it."""
+figure fits with the states where the build put them, or, where that product would put Adam's state
+in host memory, the largest power of two below it (down to 8,192) that keeps it on the GPU; CPU runs
+keep that product; an explicit value is kept. The ZeRO stage at one rank (ZeRO-1; ZeRO-2 with the optimizer offloaded) is decided beside it."""
 
 from __future__ import annotations
 
@@ -80,3 +81,35 @@ def test_explicit_budget_and_cpu_runs_keep_their_value():
 def test_sft_does_not_get_a_gpu_budget():
     spec = planned_spec(["algo=sft", "model=qwen2.5-0.5b", "hardware=1xh200", "model.path=/nonexistent"])
     assert "power of two" not in _decision(spec).why
+
+
+# BENCHMARKS §8's 512-token + KL workload at 1.5B on an 85-GB H100: 16 samples × (128 + 512) = 10,240 tokens
+H100_15B = ["model=qwen2.5-1.5b", "hardware=1xh100", "model.path=/nonexistent", "train.micro_batch_size=16",
+            "rollout.max_prompt_tokens=128", "rollout.max_response_tokens=512", "algo.kl.coef=0.001",
+            "hardware.device_memory_gb=85"]
+
+
+def test_gpu_null_goes_below_the_product_to_keep_adams_state_on_the_gpu():
+    """At 10,240 tokens Adam's state does not fit beside the rest, and the host's optimizer (ZeRO-2,
+    eager layers) ran that update at 23 % MFU; 8,192 tokens keep it on the GPU (ZeRO-1, compiled)."""
+    spec = planned_spec(H100_15B)
+    d = _decision(spec)
+    assert (spec.train.max_tokens_per_micro_batch, spec.train.offload_optimizer, spec.train.zero_stage) == (8192, False, 1)
+    assert spec.model.compile_layers is True and spec.placement.offload_train_state is False
+    assert d.given is None and d.why.startswith(
+        "the largest power of two below 16 samples × 640 tokens = 10240 at which Adam's state stays on the GPU (")
+    assert _fits(H100_15B, 8192, spec) and not _fits(H100_15B, 10240, spec)  # why it went below
+    # the states' reasons are decided at 8,192: the plan's optimizer line is not the offloaded one
+    assert not any(x.key == "train.offload_optimizer" and x.why for x in spec.auto)
+
+
+def test_the_optimizer_stays_on_the_host_where_no_budget_down_to_8192_frees_it():
+    # the optimizer set on the host: the budget rises as before
+    spec = planned_spec([*H100_15B, "train.offload_optimizer=true"])
+    assert spec.train.max_tokens_per_micro_batch > 10240 and spec.train.offload_optimizer is True
+    # PPO at 1.5B on an 85-GB H100: the actor's and the critic's Adam do not fit at 8,192 either;
+    # the optimizer stays on the host and the budget is not below the product
+    spec = planned_spec([*H100_15B, "algo=ppo"])
+    assert spec.train.offload_optimizer is True and spec.train.max_tokens_per_micro_batch >= 10240
+    assert not _fits([*H100_15B, "algo=ppo", "train.offload_optimizer=false", "train.zero_stage=1"], 8192)
+    assert "Adam's state stays on the GPU" not in _decision(spec).why
