@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -485,6 +487,18 @@ def settings_lines(a, model: str, prompts_file: str, work: Path) -> list[str]:
     return out
 
 
+def keep_side_log(work: Path, side: str) -> Optional[Path]:
+    """The side's log, gzipped into $OUT as ``<E2E_TAG>_<side>.log.gz`` as soon as the side ends, so
+    that a call its outer timeout ends still brings back the sides that ran (none without $OUT)."""
+    log, out = work / f"{side}.log", os.environ.get("OUT")
+    if not out or not log.exists():
+        return None
+    dest = Path(out) / f"{os.environ.get('E2E_TAG') or 'e2e'}_{side}.log.gz"
+    with log.open("rb") as src, gzip.open(dest, "wb") as gz:
+        shutil.copyfileobj(src, gz)
+    return dest
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
     work = Path(a.work)
@@ -501,8 +515,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             r["summary"] = base.summarize(r.get("steps", []), a.warmup)
         print(report(a, res))
         return 0
-    t_begin = time.time()
+    # --budget-s counts from the device call's start where bench/peers/device.sh says when that was:
+    # its install steps come before this process, and the call's outer timeout is what ends it
+    t_begin = float(os.environ.get("E2E_CALL_STARTED") or time.time())
     deadline = t_begin + a.budget_s
+    if time.time() - t_begin > 1:
+        say(f"the call started {time.time() - t_begin:.0f} s before this harness: the budget counts from then")
     vers = base.versions()
     say("versions " + json.dumps(vers))
     model = base.ensure_model(a)
@@ -537,6 +555,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         res[side]["micro_batch"] = micro_batch(a, side)
         say(f"[{side}] {res[side].get('status')}")
         (work / f"side_{side}.json").write_text(json.dumps(res[side], default=str))
+        keep_side_log(work, side)
     table = report(a, res)
     print("\n" + table + "\n", flush=True)
     say("versions " + json.dumps(vers))

@@ -6,6 +6,9 @@
 #   bash .peers-carry/bench/peers/device.sh TAG [bench.e2e_peers args...]
 set -uo pipefail
 tag=$1; shift
+# the harness's --budget-s counts from here (the install below is part of the call), and each side's
+# log reaches $OUT as <tag>_<side>.log.gz when the side ends, before any outer timeout
+export E2E_CALL_STARTED=${E2E_CALL_STARTED:-$(date +%s)} E2E_TAG=$tag
 bash .gpu/tools/install.sh || exit $?
 source .gpu/tools/env.sh
 cp -r .peers-carry/bench/. bench/

@@ -232,3 +232,45 @@ def test_verl_gets_the_fused_head_and_a_tokenizer_as_wide_as_the_model(tmp_path)
     text = "the quick brown fox, 12 letters<|im_end|>"
     assert wide(text)["input_ids"] == plain(text)["input_ids"]  # real tokens keep their ids
     assert e2e_peers.padded_tokenizer(str(model), tmp_path / "tok") == out  # kept across calls
+
+
+def test_the_call_budget_counts_from_the_device_call_and_each_side_log_is_kept_at_once(tmp_path, monkeypatch):
+    """device.sh exports E2E_CALL_STARTED (its install comes first) and E2E_TAG: the harness's budget
+    counts from the call's start, and each side's log is in $OUT as soon as the side ends, before an
+    outer timeout could end the call (session 28's cold call lost its side logs that way)."""
+    import gzip
+    import time
+
+    base = e2e_peers.base
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    ran = []
+
+    def side(name):
+        def run(a, model, prompts, w, share, *rest):
+            ran.append((name, share))
+            (Path(w) / f"{name}.log").write_text(f"{name} ran {share:.0f} s\n")
+            assert (out / "Q9_ours.log.gz").exists() == (name != "ours")  # ours' log kept before the peer starts
+            return {"status": "ok", "steps": []}
+        return run
+
+    monkeypatch.setattr(base, "versions", lambda: {})
+    monkeypatch.setattr(base, "ensure_model", lambda a: "/m")
+    monkeypatch.setattr(base, "prompt_token_lengths", lambda model, rows: [1])
+    monkeypatch.setattr(base, "wait_gpu_free", lambda: 0)
+    monkeypatch.setattr(base, "run_ours", side("ours"))
+    monkeypatch.setattr(e2e_peers, "run_openrlhf", side("openrlhf"))
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setenv("E2E_TAG", "Q9")
+    args = ["--work", str(work), "--sides", "ours,openrlhf", "--peer-tokens", "8192", "--budget-s", "500",
+            "--side-cap-s", "400", "--side-reserve-s", "100"]
+    monkeypatch.setenv("E2E_CALL_STARTED", str(time.time() - 200))  # the install took 200 s of the call
+    e2e_peers.main(args)
+    assert [n for n, _ in ran] == ["ours", "openrlhf"]
+    assert ran[0][1] < 500 - 200 - 15 - 100 + 2  # ours' share: what the call has left, less the peer's reserve
+    for name, share in ran:
+        assert gzip.open(out / f"Q9_{name}.log.gz").read().decode() == f"{name} ran {share:.0f} s\n"
+    ran.clear()
+    monkeypatch.setenv("E2E_CALL_STARTED", str(time.time() - 460))  # too little left for any side
+    e2e_peers.main(args)
+    assert ran == []
