@@ -43,6 +43,15 @@ SAFE_ENV = {
 }
 
 
+def import_vllm() -> None:
+    """vLLM's modules, imported ahead of an engine's start (``VLLMKind.prepare``: seconds a process,
+    overlapping the models' loading instead of following it). Nothing here touches the GPU, and vLLM
+    reads its VLLM_* settings when an engine starts, after ``VLLMEngine`` has set them."""
+    for k, v in SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+    from vllm import LLM, SamplingParams, TokensPrompt  # noqa: F401
+
+
 @dataclass
 class EngineConfig:
     model_path: str

@@ -50,6 +50,12 @@ class VLLMKind(EngineKind):
     def death(self, error: str) -> str:
         return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"
 
+    def prepare(self) -> Optional[str]:
+        from rlhf.rollout.vllm import import_vllm
+
+        import_vllm()
+        return "imports"
+
     def create(self, spec: RunSpec, tokenizer: Any, device: str, settings: dict[str, Any]) -> RolloutEngine:
         from rlhf.rollout.vllm import VLLMEngine
 

@@ -163,6 +163,7 @@ def latest_line(run_dir: str | os.PathLike, width: int = 90) -> str:
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # What the workers' libraries say about their set-up and how long it took (vLLM's engine start).
 SETUP_TIMES = [
+    ("imports", re.compile(r"rlhf: rollout engine imports took ([\d.]+) s\b")),  # RolloutWorker.prepare
     ("model load", re.compile(r"Model loading took .*?([\d.]+) ?s(?:econds)?\b")),
     ("weights", re.compile(r"Loading weights took ([\d.]+) ?s(?:econds)?\b")),
     ("torch.compile", re.compile(r"torch\.compile takes ([\d.]+) ?s in total")),

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+import time
+
 from rlhf.rollout import registry
 from rlhf.rollout.engine import Sample, Sampling
 from rlhf.workers.base import Worker
 
 if TYPE_CHECKING:
     from rlhf.spec.runspec import RunSpec
+
+
+PREPARED = "rlhf: rollout engine"  # the log line's start (rlhf.track.worker_logs.SETUP_TIMES)
 
 
 class RolloutWorker(Worker):
@@ -26,6 +31,15 @@ class RolloutWorker(Worker):
                  engine_settings: Optional[dict] = None):
         super().__init__(spec, role, rank, world_size)
         self.engine_settings = dict(engine_settings or {})
+
+    def prepare(self) -> None:
+        """The engine kind's work before its start (``EngineKind.prepare``: vLLM's imports), called by
+        the launcher as soon as the worker exists; its seconds go to the worker's log, and from there
+        to the console's set-up line."""
+        t0 = time.perf_counter()
+        what = registry.kind(self.spec).prepare()
+        if what:
+            print(f"{PREPARED} {what} took {time.perf_counter() - t0:.1f} s", flush=True)
 
     def setup(self) -> None:
         from rlhf.models import load_tokenizer, model_dir

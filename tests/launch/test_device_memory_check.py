@@ -71,7 +71,8 @@ class _Rank:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        answers = {"address": ("10.0.0.1", 29500), "init_distributed": None, "device_memory_total": self.total}
+        answers = {"address": ("10.0.0.1", 29500), "init_distributed": None, "device_memory_total": self.total,
+                   "prepare": None}
         return NS(remote=lambda *a, **kw: (name == "device_memory_total" and self.asked.append((self.role, self.rank)),
                                            answers[name])[1])
 
@@ -181,7 +182,8 @@ def test_vllm_engines_beside_the_models_start_once_the_models_have_loaded(monkey
     """vLLM sizes its KV cache from the GPU's free memory while it starts and stops when that grows
     under it: in hybrid placement its engines start after the model workers' ``init_distributed``
     (load + release of set-up's cache) has returned. An engine that sizes nothing from the free
-    memory (HF) starts beside them."""
+    memory (HF) starts beside them. Either way each rollout worker's ``prepare`` (vLLM's imports,
+    no device) is asked for before the models start, and waited for with them."""
     spec = planned_spec(["hardware=1xh200", f"rollout.engine={engine}", "placement.rollout.engines_per_device=1"])
     assert spec.layout.one_pool and launch_cluster.engines_wait_for_models(spec) == waits
     events: list = []
@@ -190,6 +192,8 @@ def test_vllm_engines_beside_the_models_start_once_the_models_have_loaded(monkey
         def __getattr__(self, name):
             if name == "init_distributed":
                 return NS(remote=lambda *a: (events.append(("start", self.role)), ("ref", self.role))[1])
+            if name == "prepare":
+                return NS(remote=lambda *a: (events.append(("prepare", self.role)), ("ref", "prepared"))[1])
             return super().__getattr__(name)
 
     def place(spec, cluster):
@@ -206,11 +210,12 @@ def test_vllm_engines_beside_the_models_start_once_the_models_have_loaded(monkey
     for module in (launch_cluster, launch_group):
         monkeypatch.setattr(module.ray, "get", get)
     launch_cluster.start_cluster(spec)
+    assert events[0] == ("prepare", "rollout")  # the imports beside the models' loading
     rollout_at = events.index(("start", "rollout"))
-    models_waited = ("wait", ("actor", "reference")) in events[:rollout_at]
+    models_waited = ("wait", ("actor", "prepared", "reference")) in events[:rollout_at]
     assert models_waited == waits, events
     assert {("start", "actor"), ("start", "reference")} <= set(events[:rollout_at])  # models first either way
-    assert events[-1] == ("wait", ("actor", "reference", "rollout"))  # every start waited for at the end
+    assert events[-1] == ("wait", ("actor", "prepared", "reference", "rollout"))  # every call waited for at the end
 
 
 def test_disaggregated_engines_start_beside_the_models():

@@ -70,6 +70,9 @@ def _stand_in_class():
         def address(self):
             return "127.0.0.1", 29500
 
+        def prepare(self) -> None:  # RolloutWorker's imports before its engine starts
+            pass
+
         def init_distributed(self, master_addr: str, master_port: int) -> None:
             if getattr(self, "failing", False):  # what vLLM's LLM(...) raised in a GPU run's start
                 raise AssertionError(VLLM_PROFILING)

@@ -6,6 +6,7 @@ leaves everything on the console. The set-up summary reads vLLM's timing lines."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,24 @@ def test_a_dead_workers_last_words_are_read_from_its_log_file(rl_env, tmp_path):
     found = timeout_in(tail_for_actor(spec, actor_id))
     assert found is not None and found[:2] == (600.0, "NCCL") and "WorkNCCL(SeqNum=41" in found[2]
     assert tail_for_actor(spec, "ffffffffffffffffffffffff01000000") == ""  # no such actor
+
+
+def test_the_rollout_workers_imports_reach_the_setup_line(tmp_path, monkeypatch, capsys):
+    """RolloutWorker.prepare (vLLM's imports, before the engines wait for the models) prints its seconds
+    into the worker's log; the set-up line reads them first, beside vLLM's own timings."""
+    from rlhf.track.worker_logs import setup_line
+    from rlhf.workers import rollout
+
+    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: "imports"))
+    rollout.RolloutWorker.prepare(SimpleNamespace(spec=None))
+    printed = capsys.readouterr().out
+    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: None))
+    rollout.RolloutWorker.prepare(SimpleNamespace(spec=None))
+    assert capsys.readouterr().out == ""  # an engine kind with nothing to prepare (HF) says nothing
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "rollout_1.log").write_text(
+        "# rollout rank 1\n" + printed +
+        "INFO 12-07 21:50:22 [core.py:340] init engine (profile, create kv cache, warmup model) took 10.2 s\n")
+    spec = SimpleNamespace(run_dir=str(tmp_path / "run"), tracking=SimpleNamespace(console="plain"))
+    assert re.fullmatch(r"set-up · rollout_1: imports \d+\.\d s, engine start 10\.2 s", setup_line(spec)), setup_line(spec)
