@@ -211,11 +211,8 @@ def _budget_keeping_the_optimizer(spec: RunSpec, base: Decision,
         spec.train.max_tokens_per_micro_batch = t
         return _states_again(spec, placed)
 
-    for t in (1 << k for k in range(t0.bit_length() - 1, -1, -1)):
-        if t >= t0:
-            continue
-        if t < floor:
-            break
+    t = 1 << ((t0 - 1).bit_length() - 1)  # the largest power of two below t₀
+    while t >= floor:
         states = decide_states_at(t)
         # the optimizer on the GPU, every GPU figure fitting, and no offload of hybrid's states each step
         # that t₀ did not have (it would trade the host's optimizer for a host round trip a step)
@@ -226,6 +223,7 @@ def _budget_keeping_the_optimizer(spec: RunSpec, base: Decision,
                    f"({_what(name)} {gb:.0f} of {capacity(spec, name):.0f} GB usable): the optimizer in host "
                    f"memory ran the update at half the MFU (1.5B, BENCHMARKS §8)")
             return Decision(base.key, base.given, t, why), states
+        t //= 2
     decide_states_at(t0)  # none: the states as they were, at t₀
     return None
 

@@ -4,9 +4,8 @@ caller sampling one request at a time (``sample``), by the weight sync and by th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
-
 import time
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from rlhf.rollout import registry
 from rlhf.rollout.engine import Sample, Sampling
