@@ -171,11 +171,11 @@ def start_cluster(spec: RunSpec) -> Cluster:
     cluster.started_ray = init_ray(spec)
     try:
         _place(spec, cluster)
+        pending = []
+        if cluster.rollout is not None:  # its imports beside what follows (RolloutWorker.prepare: no device)
+            pending += cluster.rollout.call_async("prepare")
         # before any model loads: a GPU smaller than the plan's is refused in seconds, not after the start
         cluster.warnings += filter(None, [check_device_memory(spec, cluster)])
-        pending = []
-        if cluster.rollout is not None:  # its imports beside the models' loading (RolloutWorker.prepare)
-            pending += cluster.rollout.call_async("prepare")
         for role, g in cluster.groups.items():
             if role != "rollout":
                 pending += g.start()
