@@ -202,6 +202,7 @@ def run(spec: RunSpec, checked: bool = False) -> int:
         tracker = Tracker(spec, str(run_dir), artifacts=(str(run_dir / "spec.yaml"), str(run_dir / "config.yaml")))
         console.print(tracker.where())
         from rlhf.launch import start_cluster
+        from rlhf.launch.cluster import start_phases
 
         from rlhf.track.worker_logs import log_dir, setup_line  # rlhf/track: the workers' output in files
 
@@ -209,7 +210,8 @@ def run(spec: RunSpec, checked: bool = False) -> int:
             cluster = start_cluster(spec)
         if on_main:  # ray.init sets its own SIGTERM handler (sys.exit): ours again
             signal.signal(signal.SIGTERM, _raise_terminated)
-        console.print(f"cluster up in {time.perf_counter() - t0:.1f} s: " + ", ".join(
+        phases = f" ({start_phases(cluster)})" if cluster.start_seconds else ""  # where the start's time went
+        console.print(f"cluster up in {time.perf_counter() - t0:.1f} s{phases}: " + ", ".join(
             f"{r} ×{g.world_size}" for r, g in cluster.groups.items())
             + (f" · worker logs: {log_dir(run_dir)}/" if spec.tracking.console != "verbose" else ""))
         if setup_line(spec):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -64,6 +65,9 @@ class Cluster:
     nodes: list[str] = field(default_factory=list)  # Ray node id of each plan node (several nodes only)
     warnings: list[str] = field(default_factory=list)  # found at start-up, for the driver to print once
     pooled: list = field(default_factory=list)  # Host actors from and for rlhf.launch.pool (ray.reuse_workers)
+    # seconds of each start phase, in order: "Ray" (init and placement), then "models" and "engines" where
+    # the engines wait for the models (engines_wait_for_models), else "models + engines" (or "models")
+    start_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def actor(self) -> Optional[ActorGroup]:
@@ -168,9 +172,11 @@ def _bundle(spec: RunSpec) -> dict[str, float]:
 def start_cluster(spec: RunSpec) -> Cluster:
     """Placement groups + actor groups for ``spec.roles``; models loaded when this returns."""
     cluster = Cluster(spec=spec)
+    phase = _PhaseClock(cluster.start_seconds)
     cluster.started_ray = init_ray(spec)
     try:
         _place(spec, cluster)
+        phase.ends("Ray")
         pending = []
         if cluster.rollout is not None:  # its imports beside what follows (RolloutWorker.prepare: no device)
             pending += cluster.rollout.call_async("prepare")
@@ -182,6 +188,7 @@ def start_cluster(spec: RunSpec) -> Cluster:
         if cluster.rollout is not None:  # last: later waves wait for the earlier ones
             if engines_wait_for_models(spec):
                 ray.get(pending)
+                phase.ends("models")
             waves = start_waves(spec)
             started = cluster.rollout.start(waves[0])
             pending += started
@@ -190,6 +197,8 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
+        phase.ends("engines" if "models" in cluster.start_seconds
+                   else "models + engines" if cluster.rollout is not None else "models")
     except BaseException as e:
         roster = Cluster(spec=spec, groups={r: ActorGroup(r, g.workers) for r, g in cluster.groups.items()},
                          nodes=list(cluster.nodes))  # who held what, once shut down
@@ -198,6 +207,22 @@ def start_cluster(spec: RunSpec) -> Cluster:
             raise ClusterStartError(roster) from e
         raise
     return cluster
+
+
+class _PhaseClock:
+    """Writes each phase's seconds since the previous one ended into ``into``."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.last = into, time.perf_counter()
+
+    def ends(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name], self.last = now - self.last, now
+
+
+def start_phases(cluster: Cluster) -> str:
+    """The start's phases for the console's "cluster up" line: "Ray 8.1 s, models 41.2 s, engines 52.3 s"."""
+    return ", ".join(f"{name} {s:.1f} s" for name, s in cluster.start_seconds.items())
 
 
 class ClusterStartError(RuntimeError):

@@ -216,6 +216,11 @@ def test_vllm_engines_beside_the_models_start_once_the_models_have_loaded(monkey
     assert models_waited == waits, events
     assert {("start", "actor"), ("start", "reference")} <= set(events[:rollout_at])  # models first either way
     assert events[-1] == ("wait", ("actor", "prepared", "reference", "rollout"))  # every call waited for at the end
+    cluster = launch_cluster.start_cluster(spec)  # the console's "cluster up" line names the phases timed
+    phases = ["Ray", "models", "engines"] if waits else ["Ray", "models + engines"]
+    assert list(cluster.start_seconds) == phases and all(v >= 0 for v in cluster.start_seconds.values())
+    cluster.start_seconds.update({p: 1.25 * (i + 1) for i, p in enumerate(phases)})
+    assert launch_cluster.start_phases(cluster) == ", ".join(f"{p} {1.25 * (i + 1):.1f} s" for i, p in enumerate(phases))
 
 
 def test_disaggregated_engines_start_beside_the_models():
