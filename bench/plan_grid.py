@@ -6,9 +6,9 @@ rlhf/plan/auto.py. Save the grid before a change, then compare after it:
     python -m bench.plan_grid --base /tmp/before.json                # on the new one: the cells that changed
     python -m bench.plan_grid --base /tmp/before.json placement=disaggregated   # extra overrides for every cell
 
-Each cell's choices: the token budget, the ZeRO stage, optimizer offload, hybrid's state offload,
-compiled layers, whether vLLM sleeps and the engines per GPU; a cell that does not build keeps the
-first line of its error. Twenty-eighth session (BENCHMARKS §8): 51 of the default 192 cells moved
+Each cell's choices are what the build decided (`RunSpec.auto`: the token budget, ZeRO stage,
+offloads, kernels, vLLM's sleep, engines per GPU, ...); a cell that does not build keeps the first
+line of its error. Twenty-eighth session (BENCHMARKS §8): 51 of the default 192 cells moved
 Adam's state from the host back to the GPU at a smaller budget.
 """
 
@@ -21,16 +21,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-CHOICES = {  # name in the output: the spec's attribute path
-    "tokens": "train.max_tokens_per_micro_batch",
-    "zero": "train.zero_stage",
-    "offload_optimizer": "train.offload_optimizer",
-    "offload_train_state": "placement.offload_train_state",
-    "compile_layers": "model.compile_layers",
-    "sleep_rollout": "placement.sleep_rollout",
-}
-
-
 def cell_overrides(model: str, hardware: str, algo: str, length: int, kl: float, extra: list[str]) -> list[str]:
     # model.path: no checkpoint needed, the model group's shape is planned
     return [*extra, f"model={model}", f"hardware={hardware}", f"algo={algo}", "model.path=/nonexistent",
@@ -38,19 +28,15 @@ def cell_overrides(model: str, hardware: str, algo: str, length: int, kl: float,
 
 
 def choices(overrides: list[str]) -> dict | str:
-    """The planned spec's choices for ``overrides``, or the first line of why it does not build."""
+    """Every value the build decided for ``overrides`` (``RunSpec.auto``: key -> value), or the first
+    line of why it does not build."""
     from rlhf.cli import build_spec, compose
 
     try:
         spec = build_spec(compose(overrides), overrides, plan=True)
     except Exception as e:  # noqa: BLE001 - a cell the plan refuses is a result too
         return (str(e).splitlines() or [type(e).__name__])[0][:160]
-    out = {}
-    for name, path in CHOICES.items():
-        section, key = path.split(".")
-        out[name] = getattr(getattr(spec, section), key)
-    out["engines_per_device"] = spec.layout.engines_per_device if "rollout" in spec.roles else 0
-    return out
+    return {d.key: d.value for d in spec.auto}
 
 
 def grid(models: list[str], hardware: list[str], algos: list[str], lengths: list[int], kls: list[float],
@@ -78,19 +64,28 @@ def changed(base: dict, now: dict) -> list[str]:
     return lines
 
 
+def _list(kind: type):
+    """An argparse type: comma-separated values of ``kind`` (a bad one is argparse's one-line error)."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated {kind.__name__} values") from None
+    return parse
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.plan_grid", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b,llama3-8b")
-    ap.add_argument("--hardware", default="1xh100,1xh200,8xh100,2xh200")
-    ap.add_argument("--algos", default="grpo,ppo")
-    ap.add_argument("--lengths", default="256,512,1024", help="rollout.max_response_tokens values")
-    ap.add_argument("--kl", default="0,0.001", help="algo.kl.coef values")
+    ap.add_argument("--models", type=_list(str), default="qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b,llama3-8b")
+    ap.add_argument("--hardware", type=_list(str), default="1xh100,1xh200,8xh100,2xh200")
+    ap.add_argument("--algos", type=_list(str), default="grpo,ppo")
+    ap.add_argument("--lengths", type=_list(int), default="256,512,1024", help="rollout.max_response_tokens values")
+    ap.add_argument("--kl", type=_list(float), default="0,0.001", help="algo.kl.coef values")
     ap.add_argument("--out", help="write the grid's choices here (JSON)")
     ap.add_argument("--base", help="a grid saved with --out: print the cells that changed since")
     ap.add_argument("overrides", nargs="*", help="more overrides for every cell, e.g. placement=disaggregated")
     a = ap.parse_args(argv)
-    now = grid(a.models.split(","), a.hardware.split(","), a.algos.split(","),
-               [int(x) for x in a.lengths.split(",")], [float(x) for x in a.kl.split(",")], a.overrides)
+    now = grid(a.models, a.hardware, a.algos, a.lengths, a.kl, a.overrides)
     if a.out:
         Path(a.out).write_text(json.dumps(now, indent=1, default=str))
     refused = sum(isinstance(c, str) for c in now.values())

@@ -41,8 +41,8 @@ python3 -m bench.e2e_peers "$@" 2>&1
 } 2>&1 | tee "$OUT/${tag}_log"
 rc=$?
 w=/tmp/rlhf-gpu/e2e_trl
-for f in verl openrlhf ours trl; do
-  [ -f "$w/$f.log" ] && gzip -c "$w/$f.log" > "$OUT/${tag}_$f.log.gz" && rm -f "$w/$f.log"
+for f in verl openrlhf ours trl; do  # the harness keeps each side's log when the side ends; any it missed
+  [ -f "$w/$f.log" ] && { [ -f "$OUT/${tag}_$f.log.gz" ] || gzip -c "$w/$f.log" > "$OUT/${tag}_$f.log.gz"; rm -f "$w/$f.log"; }
 done
 ls -la "$OUT"
 exit $rc

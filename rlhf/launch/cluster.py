@@ -197,8 +197,10 @@ def start_cluster(spec: RunSpec) -> Cluster:
                 started = cluster.rollout.start(wave)
                 pending += started
         ray.get(pending)
-        phase.ends("engines" if "models" in cluster.start_seconds
-                   else "models + engines" if cluster.rollout is not None else "models")
+        if "models" in cluster.start_seconds:  # the engines started once the models had loaded
+            phase.ends("engines")
+        else:
+            phase.ends("models + engines" if cluster.rollout is not None else "models")
     except BaseException as e:
         roster = Cluster(spec=spec, groups={r: ActorGroup(r, g.workers) for r, g in cluster.groups.items()},
                          nodes=list(cluster.nodes))  # who held what, once shut down

@@ -128,10 +128,10 @@ def resolve(spec: RunSpec) -> tuple[Decision, ...]:
             out[0], placed = smaller
         else:
             out[0] = _token_budget(spec, base)
-        if smaller is None and out[0].value != base.value and placed:
-            # decided again at the chosen budget: the same values (a larger budget only adds memory,
-            # and the values decided at the smaller one fit at it), the reasons' figures as planned
-            placed = _states_again(spec, placed)
+            if out[0].value != base.value and placed:
+                # decided again at the chosen budget: the same values (a larger budget only adds memory,
+                # and the values decided at the smaller one fit at it), the reasons' figures as planned
+                placed = _states_again(spec, placed)
     unmeasured = compile_auto and spec.model.compile_layers and _compile_unmeasured(spec)
     if unmeasured:  # where the states went (decided above) was not measured with compiled layers
         spec.model.compile_layers = False  # no figure changes: compiled layers are planned as eager ones
@@ -216,9 +216,10 @@ def _budget_keeping_the_optimizer(spec: RunSpec, base: Decision,
         states = decide_states_at(t)
         # the optimizer on the GPU, every GPU figure fitting, and no offload of hybrid's states each step
         # that t₀ did not have (it would trade the host's optimizer for a host round trip a step)
+        est = estimate(spec)
         if spec.train.offload_optimizer is False and spec.placement.offload_train_state <= states_moved \
-                and not (over_limit(spec, estimate(spec)).keys() - {HOST}):
-            name, gb = worst_training_figure(estimate(spec))
+                and not (over_limit(spec, est).keys() - {HOST}):
+            name, gb = worst_training_figure(est)
             why = (f"the largest power of two below {base.why} = {t0} at which Adam's state stays on the GPU "
                    f"({_what(name)} {gb:.0f} of {capacity(spec, name):.0f} GB usable): the optimizer in host "
                    f"memory ran the update at half the MFU (1.5B, BENCHMARKS §8)")

@@ -68,12 +68,12 @@ class EngineKind:
 
     # ---- the engine itself (in the rollout worker)
 
-    def prepare(self) -> Optional[str]:
-        """What the rollout worker can do before its engine may start, touching no device (its
-        imports), and what that was ("imports"; None: nothing). The launcher has every rollout worker
-        do it as soon as it exists, beside the models' loading, since in hybrid placement the
-        engines' start waits for those (``rlhf.launch.cluster.start_cluster``)."""
-        return None
+    def prepare(self) -> bool:
+        """The imports the rollout worker can do before its engine may start, touching no device;
+        whether there were any. The launcher has every rollout worker do it as soon as it exists,
+        beside the models' loading, since in hybrid placement the engines' start waits for those
+        (``rlhf.launch.cluster.start_cluster``)."""
+        return False
 
     def create(self, spec: RunSpec, tokenizer: Any, device: str, settings: dict[str, Any]) -> RolloutEngine:
         """The engine for this worker: ``device`` "cpu" or "cuda", ``settings`` what the launcher

@@ -50,11 +50,11 @@ class VLLMKind(EngineKind):
     def death(self, error: str) -> str:
         return f"vLLM's engine core stopped ({error}; the engine's log has the cause)"
 
-    def prepare(self) -> Optional[str]:
+    def prepare(self) -> bool:
         from rlhf.rollout.vllm import import_vllm
 
         import_vllm()
-        return "imports"
+        return True
 
     def create(self, spec: RunSpec, tokenizer: Any, device: str, settings: dict[str, Any]) -> RolloutEngine:
         from rlhf.rollout.vllm import VLLMEngine

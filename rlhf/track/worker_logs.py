@@ -161,9 +161,11 @@ def latest_line(run_dir: str | os.PathLike, width: int = 90) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# What a rollout worker prints of its engine kind's work before the engine starts (RolloutWorker.prepare)
+ENGINE_IMPORTS = "rlhf: rollout engine imports took"
 # What the workers' libraries say about their set-up and how long it took (vLLM's engine start).
 SETUP_TIMES = [
-    ("imports", re.compile(r"rlhf: rollout engine imports took ([\d.]+) s\b")),  # RolloutWorker.prepare
+    ("imports", re.compile(re.escape(ENGINE_IMPORTS) + r" ([\d.]+) s\b")),
     ("model load", re.compile(r"Model loading took .*?([\d.]+) ?s(?:econds)?\b")),
     ("weights", re.compile(r"Loading weights took ([\d.]+) ?s(?:econds)?\b")),
     ("torch.compile", re.compile(r"torch\.compile takes ([\d.]+) ?s in total")),

@@ -15,9 +15,6 @@ if TYPE_CHECKING:
     from rlhf.spec.runspec import RunSpec
 
 
-PREPARED = "rlhf: rollout engine"  # the log line's start (rlhf.track.worker_logs.SETUP_TIMES)
-
-
 class RolloutWorker(Worker):
     """One rollout engine (on GPU a vLLM engine, whose TP ranks are vLLM's own Ray workers when
     TP > 1; one process on CPU), held as ``engine``;
@@ -35,10 +32,11 @@ class RolloutWorker(Worker):
         """The engine kind's work before its start (``EngineKind.prepare``: vLLM's imports), called by
         the launcher as soon as the worker exists; its seconds go to the worker's log, and from there
         to the console's set-up line."""
+        from rlhf.track.worker_logs import ENGINE_IMPORTS
+
         t0 = time.perf_counter()
-        what = registry.kind(self.spec).prepare()
-        if what:
-            print(f"{PREPARED} {what} took {time.perf_counter() - t0:.1f} s", flush=True)
+        if registry.kind(self.spec).prepare():
+            print(f"{ENGINE_IMPORTS} {time.perf_counter() - t0:.1f} s", flush=True)
 
     def setup(self) -> None:
         from rlhf.models import load_tokenizer, model_dir

@@ -172,10 +172,10 @@ def test_the_rollout_workers_imports_reach_the_setup_line(tmp_path, monkeypatch,
     from rlhf.track.worker_logs import setup_line
     from rlhf.workers import rollout
 
-    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: "imports"))
+    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: True))
     rollout.RolloutWorker.prepare(SimpleNamespace(spec=None))
     printed = capsys.readouterr().out
-    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: None))
+    monkeypatch.setattr(rollout.registry, "kind", lambda spec: SimpleNamespace(prepare=lambda: False))
     rollout.RolloutWorker.prepare(SimpleNamespace(spec=None))
     assert capsys.readouterr().out == ""  # an engine kind with nothing to prepare (HF) says nothing
     logs = tmp_path / "run" / "logs"
