@@ -461,7 +461,7 @@ def report(a, res: dict) -> str:
         base.fmt(res[s].get("first_step_s"), "{:.0f}") for s in sides) + " |")
     for s in sides:
         lines.append(f"{LABEL[s]}: {res[s].get('status', 'not run')}; steps {summ[s].get('warmup_step_times', [])} "
-                     f"(warm-up) {summ[s].get('step_times', [])} (timed)")
+                     f"(warm-up) {summ[s].get('step_times', [])} (timed){base.compiles(summ[s])}")
     for s in ("verl", "openrlhf"):
         if s in sides and o.get("step") and summ[s].get("step"):
             r = summ[s]["step"] / o["step"]

@@ -353,6 +353,13 @@ def ours_rows(metrics: Path) -> list[dict]:
     return rows
 
 
+def compiles(summary: dict) -> str:
+    """"; updates [s...], graphs compiled [n...]" for a side that reports its compiles (ours), every step."""
+    if "compiled_graphs" not in summary:
+        return ""
+    return f"; updates {summary['update_times']} s, graphs compiled {summary['compiled_graphs']}"
+
+
 def ours_step(r: dict, samples: int) -> dict:
     out = {"step": r.get("step")}
     for ph, keys in OURS_KEYS.items():
@@ -369,6 +376,7 @@ def ours_step(r: dict, samples: int) -> dict:
     out["optimizer_s"] = r.get("time/actor_optimizer_step")
     out["reference_s"] = r.get("time/reference")  # the two passes the "logp" phase sums, apart
     out["old_logp_s"] = r.get("time/old_logp")
+    out["compiled_graphs"] = r.get("perf/compiled_graphs")  # a slow update with some: a recompile
     return out
 
 
@@ -741,6 +749,9 @@ def summarize(steps: list[dict], warmup: int) -> dict:
     out.update(paired_passes(timed))
     out["step_times"] = [round(float(s["step_s"]), 3) for s in timed]
     out["warmup_step_times"] = [round(float(s["step_s"]), 3) for s in steps[:warmup]]
+    if any(s.get("compiled_graphs") is not None for s in steps):  # ours: each step's update and its compiles
+        out["update_times"] = [round(float(s.get("update", 0.0)), 3) for s in steps]
+        out["compiled_graphs"] = [int(s.get("compiled_graphs") or 0) for s in steps]
     return out
 
 
@@ -806,7 +817,7 @@ def report(a, res: dict) -> str:
     for side in ("ours", "trl"):
         s = res[side]
         lines.append(f"{side}: {s.get('status', 'not run')}; steps {s.get('summary', {}).get('warmup_step_times', [])} "
-                     f"(warm-up) {s.get('summary', {}).get('step_times', [])} (timed)")
+                     f"(warm-up) {s.get('summary', {}).get('step_times', [])} (timed){compiles(s.get('summary', {}))}")
     if res["ours"].get("metrics_copy"):
         lines.append(f"ours' per-step metrics: {res['ours']['metrics_copy']}")
     ev = {e.get("event"): e for e in res["trl"].get("events", [])}

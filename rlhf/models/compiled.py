@@ -15,12 +15,19 @@ raising at a layer's first call) warns once and every layer runs eagerly from th
 backward is built at the first backward, inside autograd, where no layer call can catch its failure:
 so the trained roles compile it before training (``warm_up``), on a copy of one layer, and a failure
 there turns the layers eager the same way.
+
+A call that fails every compiled entry's guards is traced again, which costs a GPU step seconds:
+``graphs_compiled`` counts the graphs (the actor reports each update's as ``perf/compiled_graphs``)
+and torch's ``recompiles`` log, turned on here unless ``TORCH_LOGS`` is set, names the failed guard
+in the worker's log.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
+import sys
 import warnings
 from typing import Optional
 
@@ -56,12 +63,25 @@ def compile_layers(model, backend: Optional[str] = None) -> int:
 
     config.cache_size_limit = max(config.cache_size_limit, CACHE_SIZE_LIMIT)
     config.accumulated_cache_size_limit = max(config.accumulated_cache_size_limit, ACCUMULATED_CACHE_SIZE_LIMIT)
+    if "TORCH_LOGS" not in os.environ:  # a recompile costs seconds of a step: its failed guard goes to the worker's log
+        torch._logging.set_logs(recompiles=True)
     kw = {"dynamic": True} | ({"backend": backend} if backend else {})
     for layer in layers:
         layer.compile(**kw)
         layer._compiled_call_impl = _guarded(layer, layer._compiled_call_impl, layers)
     log.info("model.compile_layers: %d decoder layers compiled (%s)", len(layers), backend or "inductor")
     return len(layers)
+
+
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process so far: each layer graph's first trace, and
+    one more each time a call fails every compiled entry's guards (a shape class not seen yet, another
+    grad mode) and is traced again, which costs its step seconds of compilation."""
+    if "torch._dynamo" not in sys.modules:  # nothing compiled, and importing dynamo costs a CPU run seconds
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def backend_for(device: str) -> Optional[str]:

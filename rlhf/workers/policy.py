@@ -18,6 +18,7 @@ import torch
 
 from rlhf.data.batch import Batch, response_width, select, size
 from rlhf.data.packing import TOKEN_KEYS, unpack
+from rlhf.models.compiled import graphs_compiled
 from rlhf.workers.model import to_device
 from rlhf.workers.sync_cuda import WeightSource, sender_for
 from rlhf.workers.trained import Stats, TrainedWorker
@@ -86,6 +87,7 @@ class PolicyWorker(TrainedWorker):
         steps: list = []  # (mark before, mark after) each optimizer step
         longest = 0  # the largest packed micro-batch, in tokens (what the plan sizes activations for)
         dev = self.torch_device()
+        graphs = graphs_compiled()
 
         def step(boundary: bool) -> None:  # an optimizer step is timed apart, without waiting for it
             before = _mark(dev)
@@ -132,6 +134,9 @@ class PolicyWorker(TrainedWorker):
         out["perf/fwd_bwd_tflops"] = (flops / max(seconds - optimizer_s, 1e-9) / 1e12, 1.0)
         out["time/actor_optimizer_step"] = (optimizer_s, 1.0)
         out["perf/micro_batch_tokens_max"] = (float(longest), 1.0)
+        # graphs dynamo compiled during this update (compiled layers, the compiled head): 0 once warm;
+        # an update slower than its neighbours with some here paid for a recompile
+        out["perf/compiled_graphs"] = (float(graphs_compiled() - graphs), 1.0)
         return out
 
     def train_step(self, micro_batches: list, objective) -> dict[str, float]:

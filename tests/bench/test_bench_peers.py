@@ -145,6 +145,22 @@ def test_report_gives_each_peer_its_ratio_to_ours():
     assert "from 2 separate calls" in e2e_peers.report(a, res)
 
 
+def test_report_names_each_of_our_updates_and_the_graphs_it_compiled():
+    """Our metrics' perf/compiled_graphs reaches the report beside each step's update (every step,
+    warm-ups too): a slow update with compiles in it paid for a recompile. The peers report none."""
+    a = e2e_peers.parse_args(["--sides", "ours,openrlhf", "--warmup", "1", "--steps", "2"])
+    metrics = [{"step": i + 1, "time/step": t, "time/update": u, "perf/compiled_graphs": g, "time/generate": 1.0}
+               for i, (t, u, g) in enumerate([(9.0, 5.0, 12.0), (4.0, 1.0, 0.0), (8.0, 5.0, 2.0)])]
+    ours = [e2e_peers.base.ours_step(r, samples=8) for r in metrics]
+    peer = [dict(ours[0], compiled_graphs=None, update=1.0)] * 3
+    res = {s: {"status": "ok, 3 steps", "summary": e2e_peers.base.summarize(rows, 1)}
+           for s, rows in (("ours", ours), ("openrlhf", [{k: v for k, v in r.items() if k != "compiled_graphs"}
+                                                          for r in peer]))}
+    out = e2e_peers.report(a, res)
+    assert "(timed); updates [5.0, 1.0, 5.0] s, graphs compiled [12, 0, 2]" in out
+    assert [line for line in out.splitlines() if line.startswith("OpenRLHF:")][0].endswith("(timed)")
+
+
 def test_peer_tokens_set_the_peers_budget_apart_from_ours(tmp_path):
     a = e2e_peers.parse_args(["--ours-tokens", "32768", "--peer-tokens", "16384"])
     lines = dict(line.split(": ", 1) for line in e2e_peers.settings_lines(a, "/m", "/p.jsonl", tmp_path))

@@ -74,6 +74,12 @@ def test_optimizer_step_time_is_split_from_the_passes(grpo_hybrid):
         assert opt < flops / whole <= r["time/update"], (flops / whole, r)
 
 
+def test_the_update_reports_the_graphs_it_compiled(grpo_hybrid):
+    """perf/compiled_graphs: graphs dynamo compiled during the actor's update (a recompile costs a GPU
+    step seconds). This run's layers are eager (model.compile_layers=auto on CPU): none, every step."""
+    assert [r["perf/compiled_graphs"] for r in grpo_hybrid["rows"]] == [0.0] * len(grpo_hybrid["rows"])
+
+
 @pytest.fixture(scope="module")
 def zero2_run(rl_env, tmp_path_factory):
     """Two GRPO steps under ZeRO-2, sampled by the plugin engine. Its weight transport (the object

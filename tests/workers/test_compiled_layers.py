@@ -232,3 +232,32 @@ def test_the_trained_roles_warm_up_before_deepspeed_wraps_the_model(monkeypatch)
         with pytest.raises(Stop):
             w._initialize(model, list(model.parameters()), 1e-6, 0)
         assert order == expect
+
+
+def test_graphs_compiled_counts_a_recompile_when_a_pass_fails_the_guards():
+    """rlhf.models.compiled.graphs_compiled: what the actor's update reports as perf/compiled_graphs.
+    A pass of a shape class already compiled adds nothing; a packed micro-batch of one sample fails the
+    guards of the graph traced on several (its one-element lengths specialize, on this CPU path) and
+    is traced again: +1, then nothing the second time."""
+    from rlhf.models.compiled import graphs_compiled
+
+    model = _tiny_qwen2(seed=6)
+    compile_layers(model, backend="aot_eager")
+
+    def packed_pass(lengths: list[int]) -> None:
+        g = torch.Generator().manual_seed(sum(lengths))
+        prompts = [torch.randint(1, 64, (3,), generator=g).tolist() for _ in lengths]
+        responses = [torch.randint(1, 64, (n,), generator=g).tolist() for n in lengths]
+        p = pack(collate(prompts, responses, pad_id=0, response_width=8), list(range(len(lengths))))
+        model.model(**packed_kwargs(p, "cpu")).last_hidden_state.square().mean().backward()
+
+    start = graphs_compiled()
+    packed_pass([5, 7, 4])
+    first = graphs_compiled()
+    assert first > start
+    packed_pass([8, 3])  # another length, same class: dynamic shapes, no new graph
+    assert graphs_compiled() == first
+    packed_pass([6])
+    assert graphs_compiled() == first + 1
+    packed_pass([4])
+    assert graphs_compiled() == first + 1
