@@ -239,8 +239,11 @@ def test_graphs_compiled_counts_a_recompile_when_a_pass_fails_the_guards():
     A pass of a shape class already compiled adds nothing; a packed micro-batch of one sample fails the
     guards of the graph traced on several (its one-element lengths specialize, on this CPU path) and
     is traced again: +1, then nothing the second time."""
+    import torch._dynamo
+
     from rlhf.models.compiled import graphs_compiled
 
+    torch._dynamo.reset()  # an earlier test's graphs of the same layer code would serve the first pass
     model = _tiny_qwen2(seed=6)
     compile_layers(model, backend="aot_eager")
 
