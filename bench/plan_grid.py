@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+
 def cell_overrides(model: str, hardware: str, algo: str, length: int, kl: float, extra: list[str]) -> list[str]:
     # model.path: no checkpoint needed, the model group's shape is planned
     return [*extra, f"model={model}", f"hardware={hardware}", f"algo={algo}", "model.path=/nonexistent",

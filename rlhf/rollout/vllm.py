@@ -43,12 +43,17 @@ SAFE_ENV = {
 }
 
 
+def _set_safe_env() -> None:
+    """SAFE_ENV's settings, where the process has none of its own."""
+    for k, v in SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 def import_vllm() -> None:
     """vLLM's modules, imported ahead of an engine's start (``VLLMKind.prepare``: seconds a process,
     overlapping the models' loading instead of following it). Nothing here touches the GPU, and vLLM
     reads its VLLM_* settings when an engine starts, after ``VLLMEngine`` has set them."""
-    for k, v in SAFE_ENV.items():
-        os.environ.setdefault(k, v)
+    _set_safe_env()
     from vllm import LLM, SamplingParams, TokensPrompt  # noqa: F401
 
 
@@ -126,8 +131,7 @@ class VLLMEngine:
             cfg = engine_config(cfg, model_dir(cfg), **over)
         self.cfg = cfg
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else cfg.eos_token_id
-        for k, v in SAFE_ENV.items():
-            os.environ.setdefault(k, v)
+        _set_safe_env()
         tp = int(cfg.tensor_parallel)
         kwargs = cfg.llm_kwargs()
         if tp == 1 and not cfg.multiprocessing:
